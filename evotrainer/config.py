@@ -1,0 +1,171 @@
+"""RunConfig: one typed section per stage, a docstring per field, validated on load."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from evotrainer.harness.harness import Harness
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RunSection(_Section):
+    name: str = "run"
+    """Run name; the run directory is out_dir/name."""
+    out_dir: Path = Path("runs")
+    """Where run directories are created."""
+    seed: int = 0
+    """Seeds tasks, sampling and initialisation: same config and seed give the same rollouts."""
+    threads: int = Field(2, ge=1, le=256)
+    """torch CPU threads; fixed so that results are reproducible on the same machine."""
+
+
+class TinyModel(_Section):
+    """Shape of the embedded Llama-style default policy, built from scratch."""
+
+    hidden_size: int = Field(256, ge=16, le=4096)
+    """Width of the residual stream."""
+    num_layers: int = Field(4, ge=1, le=64)
+    """Transformer blocks."""
+    num_heads: int = Field(4, ge=1, le=64)
+    """Attention heads (hidden_size must divide by it)."""
+    vocab_size: int = Field(384, ge=160, le=65536)
+    """BPE vocabulary trained locally on the domain's demonstrations."""
+    max_positions: int = Field(512, ge=32, le=32768)
+    """Longest context the model accepts."""
+
+
+class WarmStart(_Section):
+    """Supervised warm start on demonstrations the domain generates; cached by a hash of this recipe."""
+
+    steps: int = Field(300, ge=0, le=100000)
+    """Optimizer steps of supervised training (0 keeps random weights)."""
+    batch_size: int = Field(64, ge=1, le=4096)
+    """Demonstrations per step."""
+    learning_rate: float = Field(1e-3, gt=0.0, le=1.0)
+    """AdamW learning rate of the warm start."""
+    demonstrations: int = Field(20000, ge=1, le=10_000_000)
+    """Distinct demonstrations generated (train split tasks only)."""
+
+
+class PolicySection(_Section):
+    kind: Literal["tiny", "hf"] = "tiny"
+    """`tiny`: build a small model and tokenizer locally and warm-start it; `hf`: load `path`."""
+    path: Path | None = None
+    """Local Hugging Face model directory (kind hf)."""
+    lora_rank: int = Field(0, ge=0, le=1024)
+    """LoRA rank through peft; 0 trains all weights."""
+    tiny: TinyModel = TinyModel()
+    warm_start: WarmStart = WarmStart()
+    cache_dir: Path | None = None
+    """Cache of warm-started bases; default $EVOTRAINER_CACHE or ~/.cache/evotrainer."""
+
+
+class MathDataset(_Section):
+    name: str = "chain_sum"
+    """reasoning-gym dataset name."""
+    weight: float = Field(1.0, gt=0.0)
+    """Share of this dataset in the task mix."""
+    difficulty: int = Field(0, ge=0)
+    """Difficulty level recorded on its tasks."""
+    config: dict[str, Any] = Field(default_factory=lambda: {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2})
+    """Keyword arguments of reasoning_gym.create_dataset (difficulty settings)."""
+
+
+class EnvSection(_Section):
+    domain: Literal["math", "digits"] = "math"
+    """Which environment: `math` (reasoning-gym, single turn) or `digits` (multi-turn tool test env)."""
+    datasets: list[MathDataset] = Field(default_factory=lambda: [MathDataset()])
+    """math: reasoning-gym datasets mixed by weight."""
+    scorer: Literal["dataset", "math_verify"] = "dataset"
+    """math: the `correct` reward uses the dataset's own scorer or math-verify (free-form answers)."""
+    train_size: int = Field(20000, ge=1)
+    """Size of the train task pool."""
+    num_digits: int = Field(3, ge=1, le=8)
+    """digits: length of the hidden number."""
+
+
+class TrainSection(_Section):
+    steps: int = Field(100, ge=0)
+    """Optimizer steps of RL."""
+    max_seconds: float = Field(300.0, gt=0)
+    """Wall-clock cap of the RL phase; training stops after the step in flight."""
+    eval_every: int = Field(0, ge=0)
+    """Evaluate on the held-out set every N steps (0: only before and after)."""
+    checkpoint_every: int = Field(0, ge=0)
+    """Save a checkpoint every N steps (0: only at the end)."""
+
+
+class EvalSection(_Section):
+    """Evaluator-owned settings: no harness change can touch these."""
+
+    heldout_size: int = Field(500, ge=1)
+    """Held-out tasks, disjoint from the train pool."""
+    max_new_tokens: int = Field(32, ge=1)
+    """Token cap per action at evaluation (greedy decoding)."""
+    max_turns: int = Field(8, ge=1)
+    """Turn cap at evaluation (multi-turn domains)."""
+
+
+class RunConfig(_Section):
+    """A whole run. Load with load_config(); every field is validated."""
+
+    run: RunSection = RunSection()
+    policy: PolicySection = PolicySection()
+    env: EnvSection = EnvSection()
+    harness: Harness = Harness()
+    train: TrainSection = TrainSection()
+    eval: EvalSection = EvalSection()
+
+
+class ConfigError(Exception):
+    """A user mistake in a config file; the message names the field, the value and what is allowed."""
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections (run, policy, env, harness, train, eval)")
+    for dotted, value in (overrides or {}).items():
+        node = raw
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return parse_config(raw, source=str(path))
+
+
+def parse_config(raw: dict[str, Any], source: str = "config") -> RunConfig:
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, source)) from None
+
+
+def format_validation_error(e: ValidationError, source: str) -> str:
+    lines = [f"{source}: {e.error_count()} invalid field(s)"]
+    for err in e.errors():
+        field = ".".join(str(p) for p in err["loc"])
+        value = err.get("input")
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field; check the spelling against the documented fields"
+        elif err["type"] == "literal_error":
+            msg = f"must be one of {err['ctx']['expected']}"
+        lines.append(f"  {field} = {value!r}: {msg}")
+    return "\n".join(lines)
+
+
+def dump_config(config: RunConfig) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

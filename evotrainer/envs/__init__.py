@@ -1,0 +1,27 @@
+"""Domains by name: the environments EvoTrainer trains on."""
+from __future__ import annotations
+
+from typing import Any
+
+from evotrainer.config import RunConfig
+from evotrainer.envs.env import Domain
+
+
+def make_domain(cfg: RunConfig) -> Domain:
+    e = cfg.env
+    if e.domain == "math":
+        from evotrainer.envs.math import MathDomain
+
+        return MathDomain([d.model_dump() for d in e.datasets], seed=cfg.run.seed, train_size=e.train_size,
+                          heldout_size=cfg.eval.heldout_size, scorer=e.scorer)
+    if e.domain == "digits":
+        from evotrainer.envs.digits import DigitsDomain
+
+        return DigitsDomain(seed=cfg.run.seed, num_digits=e.num_digits, train_size=e.train_size,
+                            heldout_size=cfg.eval.heldout_size)
+    raise ValueError(f"env.domain: unknown domain {e.domain!r}")
+
+
+def domain_key(cfg: RunConfig) -> dict[str, Any]:
+    """What a warm-started base depends on in the env config (its cache key)."""
+    return {"env": cfg.env.model_dump(mode="json"), "heldout_size": cfg.eval.heldout_size}

@@ -1,0 +1,88 @@
+"""The episode runner: steps a batch of multi-turn episodes in lockstep, one batched sampling call per
+turn, keeping the exact sampled token ids (token in, token out) so training sees what was sampled."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from evotrainer.envs.env import Domain
+from evotrainer.policies.hf import HFPolicy
+from evotrainer.types import Task, Termination, Turn
+
+
+@dataclass
+class Episode:
+    task: Task
+    token_ids: list[int]
+    is_action: list[bool]
+    sampled_logprobs: list[float]  # one per action token, in order
+    turns: list[Turn] = field(default_factory=list)
+    termination: Termination = "stop"
+    info: dict[str, Any] = field(default_factory=dict)
+    entropy_sum: float = 0.0
+    gen_seconds: float = 0.0
+    env_seconds: float = 0.0
+
+    @property
+    def action_tokens(self) -> int:
+        return sum(self.is_action)
+
+
+def run_episodes(policy: HFPolicy, domain: Domain, tasks: list[Task], *, max_new_tokens: int, max_turns: int,
+                 temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False, tool_error: str = "feedback",
+                 generator: torch.Generator | None = None) -> list[Episode]:
+    """tool_error: `feedback` continues after a malformed action; `end` and `mask` end the episode
+    with termination `tool_error` (the reward stage zeroes or masks it)."""
+    envs = [domain.make_env() for _ in tasks]
+    episodes = []
+    for task, env in zip(tasks, envs):
+        t0 = time.perf_counter()
+        ids = policy.encode(env.reset(task))
+        episodes.append(Episode(task, ids, [False] * len(ids), [], env_seconds=time.perf_counter() - t0))
+    active = list(range(len(tasks)))
+    for turn in range(max_turns):
+        # An episode whose context cannot fit another full action ends as truncated.
+        room = [i for i in active if len(episodes[i].token_ids) + max_new_tokens <= policy.max_positions]
+        for i in set(active) - set(room):
+            episodes[i].termination = "length"
+        active = room
+        if not active:
+            break
+        t0 = time.perf_counter()
+        samples = policy.sample([episodes[i].token_ids for i in active], max_new_tokens=max_new_tokens,
+                                temperature=temperature, top_p=top_p, stop=domain.stop, greedy=greedy, generator=generator)
+        share = (time.perf_counter() - t0) / len(active)
+        still = []
+        for i, s in zip(active, samples):
+            ep = episodes[i]
+            ep.gen_seconds += share
+            ep.token_ids += s.token_ids
+            ep.is_action += [True] * len(s.token_ids)
+            ep.sampled_logprobs += s.logprobs
+            ep.entropy_sum += s.entropy_sum
+            t0 = time.perf_counter()
+            obs, done, info = envs[i].step(s.text)
+            ep.env_seconds += time.perf_counter() - t0
+            ep.info = info
+            err = bool(info.get("tool_error"))
+            mean_lp = sum(s.logprobs) / len(s.logprobs) if s.logprobs else 0.0
+            ep.turns.append(Turn(action=s.text, tokens=len(s.token_ids), mean_logprob=mean_lp, observation=obs, tool_error=err))
+            if s.finish_reason == "length":
+                ep.termination = "length"
+            elif err and tool_error in ("end", "mask"):
+                ep.termination = "tool_error"
+            elif done:
+                ep.termination = info.get("termination", "stop")
+            else:
+                obs_ids = policy.encode(obs)
+                ep.token_ids += obs_ids
+                ep.is_action += [False] * len(obs_ids)
+                still.append(i)
+                continue
+        active = still
+    for i in active:
+        episodes[i].termination = "turn_cap"
+    return episodes

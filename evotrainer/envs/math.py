@@ -1,0 +1,129 @@
+"""The math domain on reasoning-gym: seeded, disjoint train / held-out splits, a tagged answer, the
+`correct` and `format` reward terms, and a strict evaluator-owned audit."""
+from __future__ import annotations
+
+import random
+import re
+from typing import Any
+
+import reasoning_gym
+
+from evotrainer.types import Task, Turn
+
+ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+# The audit's strict parser: the whole action is one answer tag around a plain number.
+STRICT_RE = re.compile(r"\s*<answer>(-?\d+(?:\.\d+)?)</answer>\s*")
+_HELDOUT_SEED_OFFSET = 1_000_003
+
+
+def extract_answer(text: str) -> str | None:
+    """The last tagged answer, as the reward reads it (lenient)."""
+    found = ANSWER_RE.findall(text)
+    return found[-1].strip() if found else None
+
+
+class MathEnv:
+    """Single turn: the first action is the answer and ends the episode."""
+
+    def reset(self, task: Task) -> str:
+        return task.prompt
+
+    def step(self, action: str) -> tuple[str, bool, dict[str, Any]]:
+        return "", True, {"answer": extract_answer(action)}
+
+
+class MathDomain:
+    name = "math"
+    stop = ("</answer>",)
+
+    def __init__(self, datasets: list[dict[str, Any]], *, seed: int, train_size: int, heldout_size: int, scorer: str = "dataset"):
+        """datasets: [{name, weight, difficulty, config}] as in config.MathDataset."""
+        if not datasets:
+            raise ValueError("env.datasets must list at least one reasoning-gym dataset")
+        self.scorer = scorer
+        total = sum(d["weight"] for d in datasets)
+        self._datasets: dict[str, Any] = {}
+        self._splits: dict[str, list[Task]] = {"train": [], "heldout": []}
+        heldout_prompts: set[str] = set()
+        # Held-out first, so that the train pool can exclude every held-out question.
+        for split, size, offset in (("heldout", heldout_size, _HELDOUT_SEED_OFFSET), ("train", train_size, 0)):
+            for k, d in enumerate(datasets):
+                n = max(1, round(size * d["weight"] / total))
+                try:
+                    # Draw extra items: small spaces repeat questions, and repeats are dropped below.
+                    ds = reasoning_gym.create_dataset(d["name"], size=3 * n, seed=seed + offset + 7919 * k, **d["config"])
+                except Exception as e:  # reasoning-gym raises several types for bad names / configs
+                    raise ValueError(f"env.datasets[{k}]: reasoning-gym cannot create {d['name']!r} with config {d['config']}: {e}") from None
+                key = f"{split}:{k}"
+                self._datasets[key] = ds
+                kept = 0
+                for i, entry in enumerate(ds):
+                    if kept == n:
+                        break
+                    q = entry["question"]
+                    if split == "train" and q in heldout_prompts:
+                        continue
+                    if split == "heldout":
+                        if q in heldout_prompts:
+                            continue
+                        heldout_prompts.add(q)
+                    kept += 1
+                    self._splits[split].append(Task(
+                        id=f"{d['name']}-{split}-{i}", split=split, prompt=prompt_text(q), difficulty=d.get("difficulty", 0),
+                        data={"dataset": key, "entry": entry, "answer": str(entry["answer"])},
+                    ))
+        self.reward_terms = {"correct": self.correct, "format": format_reward}
+
+    def tasks(self, split: str) -> list[Task]:
+        return self._splits[split]
+
+    def make_env(self) -> MathEnv:
+        return MathEnv()
+
+    def demonstration(self, task: Task, rng: random.Random) -> list[tuple[str, bool]]:
+        return [(task.prompt, False), (f"<answer>{task.data['answer']}</answer>", True)]
+
+    def score(self, task: Task, answer: str | None) -> float:
+        if answer is None:
+            return 0.0
+        if self.scorer == "math_verify":
+            return _math_verify(task.data["answer"], answer)
+        try:  # reasoning-gym scorers raise on some garbage (prime_factorization); garbage scores 0
+            return float(self._datasets[task.data["dataset"]].score_answer(answer=answer, entry=task.data["entry"]))
+        except Exception:
+            return 0.0
+
+    def correct(self, task: Task, turns: list[Turn], info: dict[str, Any]) -> float:
+        return self.score(task, info.get("answer"))
+
+    def audit(self, task: Task, turns: list[Turn], info: dict[str, Any]) -> bool:
+        if len(turns) != 1:
+            return False
+        m = STRICT_RE.fullmatch(turns[0].action)
+        return bool(m) and self.score(task, m.group(1)) == 1.0
+
+
+def prompt_text(question: str) -> str:
+    return question.strip() + "\n"
+
+
+def format_reward(task: Task, turns: list[Turn], info: dict[str, Any]) -> float:
+    """1 when the final action holds exactly one answer tag and ends with it."""
+    if not turns:
+        return 0.0
+    text = turns[-1].action.strip()
+    return 1.0 if len(ANSWER_RE.findall(text)) == 1 and text.endswith("</answer>") else 0.0
+
+
+def _math_verify(gold: str, answer: str) -> float:
+    from math_verify import parse, verify
+
+    # math-verify uses signal.alarm for timeouts, which fails off the main thread; disable it there.
+    import threading
+
+    kw = {} if threading.current_thread() is threading.main_thread() else {"parsing_timeout": None}
+    try:
+        ok = verify(parse(gold, **kw), parse(answer, **kw), **({} if not kw else {"timeout_seconds": None}))
+    except Exception:
+        return 0.0
+    return 1.0 if ok else 0.0

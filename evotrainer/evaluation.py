@@ -1,0 +1,54 @@
+"""The evaluator: held-out accuracy as a function of the policy and the held-out tasks only. It reads
+no harness (greedy decoding, its own token and turn caps) and scores with the domain's audit."""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from dataclasses import dataclass
+
+import torch
+from rich.progress import Progress
+
+from evotrainer.config import EvalSection
+from evotrainer.envs.env import Domain
+from evotrainer.envs.episodes import Episode, run_episodes
+from evotrainer.policies.hf import HFPolicy
+from evotrainer.types import Task
+
+CHUNK = 128
+
+
+@dataclass
+class EvalResult:
+    accuracy: float
+    outcomes: dict[str, bool]  # task id -> audit passed
+    episodes: list[Episode]
+    evaluator_hash: str
+
+
+def evaluator_hash(domain: Domain, tasks: list[Task], cfg: EvalSection) -> str:
+    """Hash of the evaluator's code (this module and the domain's module) and of its data."""
+    h = hashlib.sha256()
+    h.update(inspect.getsource(inspect.getmodule(evaluator_hash)).encode())
+    h.update(inspect.getsource(inspect.getmodule(type(domain))).encode())
+    h.update(cfg.model_dump_json().encode())
+    for t in tasks:
+        h.update(json.dumps([t.id, t.prompt, t.data.get("answer")], default=str).encode())
+    return "e-" + h.hexdigest()[:12]
+
+
+@torch.no_grad()
+def evaluate(policy: HFPolicy, domain: Domain, tasks: list[Task], cfg: EvalSection,
+             progress: Progress | None = None) -> EvalResult:
+    bar = progress.add_task("held-out eval", total=len(tasks)) if progress else None
+    episodes: list[Episode] = []
+    for i in range(0, len(tasks), CHUNK):
+        chunk = tasks[i:i + CHUNK]
+        episodes += run_episodes(policy, domain, chunk, max_new_tokens=cfg.max_new_tokens, max_turns=cfg.max_turns,
+                                 greedy=True, tool_error="feedback")
+        if progress:
+            progress.update(bar, advance=len(chunk))
+    outcomes = {ep.task.id: bool(domain.audit(ep.task, ep.turns, ep.info)) for ep in episodes}
+    acc = sum(outcomes.values()) / max(len(outcomes), 1)
+    return EvalResult(acc, outcomes, episodes, evaluator_hash(domain, tasks, cfg))

@@ -1,0 +1,202 @@
+"""A policy on any Hugging Face causal LM: batched KV-cache sampling with stop strings, token
+logprobs, checkpoints, and optional LoRA through peft."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers.utils import logging as hf_logging
+
+from evotrainer.policies.policy import Sample
+
+POLICY_FILE = "evotrainer_policy.json"
+hf_logging.disable_progress_bar()  # our own progress bars say what is happening
+
+
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, width - len(s):] = torch.tensor(s)
+            mask[i, width - len(s):] = 1
+    return ids, mask
+
+
+def positions(mask: torch.Tensor) -> torch.Tensor:
+    # Explicit position ids, so left-padded rows are positioned as if unpadded, in sampling and
+    # in training alike (otherwise the two disagree and the importance ratio is off from step 0).
+    return (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def sequence_logprobs(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, temperature: float = 1.0,
+                      with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logprob of ids[:, 1:] given the prefix: shape [B, T-1]. Differentiable."""
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=False).logits[:, :-1].float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp_all = F.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, ids[:, 1:, None]).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
+    return logp, entropy
+
+
+class HFPolicy:
+    def __init__(self, model: torch.nn.Module, tokenizer, *, base_path: str | None = None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.base_path = base_path  # set when `model` is a LoRA adapter over a base directory
+        cfg = getattr(model, "config", None)
+        self.max_positions = int(getattr(cfg, "max_position_embeddings", 2048) or 2048)
+        self.eos_id = tokenizer.eos_token_id
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
+        self._stop_cache: dict[tuple[str, ...], torch.Tensor] = {}
+
+    # -- loading ---------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: str | Path, lora_rank: int = 0) -> "HFPolicy":
+        """Load a checkpoint written by save(), or any local Hugging Face causal LM directory
+        (with a fresh LoRA adapter of `lora_rank` when > 0)."""
+        path = Path(path)
+        if not (path / "config.json").exists() and not (path / POLICY_FILE).exists():
+            raise FileNotFoundError(f"policy.path: {path} is not a model directory (no config.json)")
+        meta = json.loads((path / POLICY_FILE).read_text()) if (path / POLICY_FILE).exists() else {}
+        tok = AutoTokenizer.from_pretrained(path, padding_side="left")
+        if meta.get("lora_base"):
+            from peft import PeftModel
+
+            base = AutoModelForCausalLM.from_pretrained(meta["lora_base"], dtype=torch.float32)
+            model = PeftModel.from_pretrained(base, path, is_trainable=True)
+            return cls(model, tok, base_path=meta["lora_base"])
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        if lora_rank:
+            from peft import LoraConfig, get_peft_model
+
+            model = get_peft_model(model, LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, target_modules="all-linear", task_type="CAUSAL_LM"))
+            return cls(model, tok, base_path=str(path.resolve()))
+        return cls(model, tok)
+
+    def save(self, path: str | Path) -> None:
+        """Write model (or LoRA adapter), tokenizer and metadata; written to a temporary directory
+        and renamed, so a reader never sees half a checkpoint."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.model.save_pretrained(tmp)
+        self.tokenizer.save_pretrained(tmp)
+        (tmp / POLICY_FILE).write_text(json.dumps({"lora_base": self.base_path}))
+        if path.exists():
+            shutil.rmtree(path)
+        tmp.rename(path)
+
+    def fork(self, path: str | Path) -> "HFPolicy":
+        self.save(path)
+        return HFPolicy.load(path)
+
+    # -- text ------------------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _stop_candidates(self, stop: tuple[str, ...]) -> torch.Tensor:
+        """Token ids whose text holds the last character of a stop string: only rows that just
+        sampled one of these need the (Python) stop-string check."""
+        if stop not in self._stop_cache:
+            vocab = len(self.tokenizer)
+            ends = {s[-1] for s in stop}
+            flags = torch.zeros(max(vocab, self.model.config.vocab_size), dtype=torch.bool)
+            for i in range(vocab):
+                if any(c in self.tokenizer.decode([i]) for c in ends):
+                    flags[i] = True
+            self._stop_cache[stop] = flags
+        return self._stop_cache[stop]
+
+    # -- sampling --------------------------------------------------------------------------------
+    @torch.no_grad()
+    def sample(self, contexts: list[list[int]], *, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
+               stop: tuple[str, ...] = (), greedy: bool = False, generator: torch.Generator | None = None) -> list[Sample]:
+        """All contexts in one batch with a KV cache; rows that finish leave the batch (their cache
+        rows are dropped) so the tail of long completions does not pay for finished ones."""
+        was_training = self.model.training
+        self.model.eval()
+        n = len(contexts)
+        tokens: list[list[int]] = [[] for _ in range(n)]
+        logps: list[list[float]] = [[] for _ in range(n)]
+        ent = [0.0] * n
+        finish = ["length"] * n
+        if n == 0:
+            return []
+        max_stop = max((len(s) for s in stop), default=0)
+        candidates = self._stop_candidates(stop) if stop else None
+        ids, mask = left_pad(contexts, self.pad_id)
+        pos = positions(mask)
+        cache = DynamicCache()
+        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                            use_cache=True, logits_to_keep=1).logits[:, -1].float()
+        next_pos = pos[:, -1] + 1
+        rows = torch.arange(n)  # batch row -> original index
+        for t in range(max_new_tokens):
+            if not greedy and temperature != 1.0:
+                logits = logits / temperature
+            logp_all = F.log_softmax(logits, dim=-1)
+            if greedy:
+                tok = logits.argmax(-1)
+            else:
+                probs = logp_all.exp()
+                if top_p < 1.0:
+                    probs = _top_p(probs, top_p)
+                tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            chosen = logp_all.gather(-1, tok[:, None]).squeeze(-1)
+            step_ent = -(logp_all.exp() * logp_all).sum(-1)
+            done = tok == self.eos_id if self.eos_id is not None else torch.zeros_like(tok, dtype=torch.bool)
+            for r, (i, k, lp, e) in enumerate(zip(rows.tolist(), tok.tolist(), chosen.tolist(), step_ent.tolist())):
+                tokens[i].append(k)
+                logps[i].append(lp)
+                ent[i] += e
+            if candidates is not None:
+                for r in torch.nonzero(candidates[tok]).flatten().tolist():
+                    i = int(rows[r])
+                    tail = self.tokenizer.decode(tokens[i][-max_stop:], skip_special_tokens=True)
+                    if any(s in tail for s in stop):
+                        done[r] = True
+            for r in torch.nonzero(done).flatten().tolist():
+                finish[int(rows[r])] = "stop"
+            keep = ~done
+            if t == max_new_tokens - 1 or not keep.any():
+                break
+            if done.any():
+                idx = torch.nonzero(keep).flatten()
+                cache.batch_select_indices(idx)
+                rows, tok, mask, next_pos = rows[idx], tok[idx], mask[idx], next_pos[idx]
+            mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=mask.dtype)], dim=1)
+            logits = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
+                                past_key_values=cache, use_cache=True).logits[:, -1].float()
+            next_pos = next_pos + 1
+        self.model.train(was_training)
+        texts = self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
+        return [Sample(tokens[i], logps[i], ent[i], texts[i], finish[i]) for i in range(n)]
+
+    @torch.no_grad()
+    def logprobs(self, sequences: list[list[int]], temperature: float = 1.0) -> list[list[float]]:
+        was_training = self.model.training
+        self.model.eval()
+        ids, mask = left_pad(sequences, self.pad_id)
+        lp, _ = sequence_logprobs(self.model, ids, mask, temperature)
+        self.model.train(was_training)
+        width = ids.shape[1]
+        return [lp[i, width - len(s):].tolist() for i, s in enumerate(sequences)]
+
+
+def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+    drop = sorted_p.cumsum(-1) - sorted_p > top_p
+    sorted_p = sorted_p.masked_fill(drop, 0.0)
+    return torch.zeros_like(probs).scatter(-1, order, sorted_p)

@@ -1,0 +1,91 @@
+"""`evotrainer train`: warm-start (or load) the policy, evaluate, run RL steps under the harness,
+evaluate again. Every rollout and step metric goes to the run's store."""
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from evotrainer.config import RunConfig, dump_config
+from evotrainer.envs import make_domain
+from evotrainer.evaluation import EvalResult, evaluate
+from evotrainer.harness.rewards import check_terms, score
+from evotrainer.policies import load_policy
+from evotrainer.store.rollouts import RolloutStore
+from evotrainer.training.grpo import GRPOTrainer
+from evotrainer.training.segment import StepContext, to_rollouts, train_step
+
+BRANCH = "main"
+
+
+def progress_bar(console: Console) -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=console, transient=False)
+
+
+def seed_everything(cfg: RunConfig) -> None:
+    torch.set_num_threads(cfg.run.threads)
+    torch.manual_seed(cfg.run.seed)
+    random.seed(cfg.run.seed)
+
+
+def record_eval(store: RolloutStore, cfg: RunConfig, domain, result: EvalResult, step: int, ctx: StepContext) -> None:
+    """Held-out rollouts go to the store too, with their audit outcome, so findings can cite them."""
+    h = cfg.harness
+    scored = [score(h, domain, ep.task, ep.turns, ep.info, ep.termination) for ep in result.episodes]
+    audits = [result.outcomes[ep.task.id] for ep in result.episodes]
+    store.append(to_rollouts(result.episodes, [t for t, _ in scored], [r for _, r in scored], ctx=ctx, step=step,
+                             harness_version=h.version, group_size=1, kind="e", audits=audits), f"{ctx.branch}-e{step:06d}")
+
+
+def train_run(cfg: RunConfig, console: Console | None = None) -> dict:
+    console = console or Console()
+    seed_everything(cfg)
+    run_dir = Path(cfg.run.out_dir) / cfg.run.name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    console.print(f"[bold]run[/] {run_dir}  harness {cfg.harness.version}  domain {cfg.env.domain}")
+    domain = make_domain(cfg)
+    check_terms(cfg.harness, domain)
+    store = RolloutStore(run_dir / "store")
+    ctx = StepContext(run=cfg.run.name, branch=BRANCH, seed=cfg.run.seed)
+    heldout, pool = domain.tasks("heldout"), domain.tasks("train")
+    with progress_bar(console) as progress:
+        policy = load_policy(cfg, domain, progress=progress, log=console.print)
+        seed_everything(cfg)
+        before = evaluate(policy, domain, heldout, cfg.eval, progress)
+    record_eval(store, cfg, domain, before, 0, ctx)
+    console.print(f"held-out accuracy before RL: [bold]{before.accuracy:.3f}[/] ({len(heldout)} tasks, evaluator {before.evaluator_hash})")
+    trainer = GRPOTrainer(policy, cfg.harness)
+    t0, step, history = time.perf_counter(), 0, []
+    with progress_bar(console) as progress:
+        bar = progress.add_task("RL", total=cfg.train.steps)
+        while step < cfg.train.steps and time.perf_counter() - t0 < cfg.train.max_seconds:
+            step += 1
+            m = train_step(trainer, domain, pool, ctx, step, store)
+            progress.update(bar, advance=1, description=f"RL reward {m['reward']:.3f} entropy {m['entropy']:.2f}")
+            if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.steps:
+                mid = evaluate(policy, domain, heldout, cfg.eval)
+                record_eval(store, cfg, domain, mid, step, ctx)
+                history.append({"step": step, "seconds": time.perf_counter() - t0, "accuracy": mid.accuracy})
+                progress.console.print(f"step {step}: held-out accuracy {mid.accuracy:.3f}")
+            if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
+                trainer.save(run_dir / "checkpoints" / BRANCH)
+    rl_seconds = time.perf_counter() - t0
+    trainer.save(run_dir / "checkpoints" / BRANCH)
+    with progress_bar(console) as progress:
+        after = evaluate(policy, domain, heldout, cfg.eval, progress)
+    record_eval(store, cfg, domain, after, step, ctx)
+    history.append({"step": step, "seconds": rl_seconds, "accuracy": after.accuracy})
+    summary = {"run": cfg.run.name, "steps": step, "rl_seconds": round(rl_seconds, 1), "accuracy_before": before.accuracy,
+               "accuracy_after": after.accuracy, "evaluator_hash": after.evaluator_hash, "harness_version": cfg.harness.version,
+               "history": history}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    console.print(f"held-out accuracy after {step} RL steps ({rl_seconds:.0f}s): [bold]{after.accuracy:.3f}[/] "
+                  f"(before: {before.accuracy:.3f}, change {after.accuracy - before.accuracy:+.3f})")
+    return summary

@@ -1,0 +1,58 @@
+"""Config errors: a clear message naming the field, the value and what is allowed; exit code 2."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from evotrainer.config import ConfigError, load_config
+from evotrainer.harness.harness import Harness
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "evotrainer.cli", *args], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("yaml_text, needles", [
+    ("harness:\n  loss:\n    loss_type: ppo\n", ["harness.loss.loss_type", "'ppo'", "grpo", "dr_grpo", "dapo"]),
+    ("harness:\n  sampling:\n    temperature: -1\n", ["harness.sampling.temperature", "-1", "greater than 0"]),
+    ("train:\n  stepz: 3\n", ["train.stepz", "unknown field"]),
+    ("env:\n  domain: chess\n", ["env.domain", "'chess'", "math", "digits"]),
+    ("- just\n- a list\n", ["top level must be a mapping"]),
+])
+def test_bad_field_is_named(tmp_path, yaml_text, needles):
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml_text)
+    with pytest.raises(ConfigError) as e:
+        load_config(f)
+    for n in needles:
+        assert n in str(e.value)
+    out = run_cli("train", str(f))
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr and needles[0] in out.stderr
+
+
+def test_cli_missing_file_and_bad_override(tmp_path):
+    out = run_cli("train", str(tmp_path / "nope.yaml"))
+    assert out.returncode == 2 and "not found" in out.stderr
+    f = tmp_path / "ok.yaml"
+    f.write_text("{}\n")
+    out = run_cli("train", str(f), "--set", "train.steps")
+    assert out.returncode == 2 and "KEY=VALUE" in out.stderr
+    out = run_cli("train", str(f), "--set", "harness.sampling.num_generations=0")
+    assert out.returncode == 2 and "harness.sampling.num_generations" in out.stderr
+
+
+def test_cli_unknown_reward_term_is_a_user_error(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("harness:\n  reward_weights: {accuracy: 1.0}\n")
+    out = run_cli("train", str(f), "--set", f"run.out_dir={tmp_path}")
+    assert out.returncode == 2 and "accuracy" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_harness_version_is_content_hash_plus_parent():
+    a, b = Harness(), Harness()
+    assert a.version == b.version
+    assert Harness(loss={"beta": 0.01}).version != a.version
+    assert Harness(parent=a.version).version != a.version

@@ -1,0 +1,113 @@
+"""Environments: the contract checker, the math terms and audit, the multi-turn digits env."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from evotrainer.envs import make_domain
+from evotrainer.envs.env import check_env
+from evotrainer.envs.episodes import run_episodes
+from evotrainer.envs.math import format_reward
+from evotrainer.harness.rewards import HarnessError, check_terms, score
+from evotrainer.types import Turn
+from tests.conftest import small_config
+
+
+def turn(action, obs="", err=False):
+    return Turn(action=action, tokens=1, mean_logprob=0.0, observation=obs, tool_error=err)
+
+
+def test_domains_pass_check_env(tmp_path):
+    for domain in ("math", "digits"):
+        check_env(make_domain(small_config(tmp_path, domain)))
+
+
+def test_math_splits_are_disjoint_and_seeded(tmp_path):
+    a = make_domain(small_config(tmp_path))
+    b = make_domain(small_config(tmp_path))
+    assert [t.prompt for t in a.tasks("train")] == [t.prompt for t in b.tasks("train")]
+    assert not {t.prompt for t in a.tasks("train")} & {t.prompt for t in a.tasks("heldout")}
+    c = make_domain(small_config(tmp_path, run={"seed": 1, "name": "t", "out_dir": str(tmp_path)}))
+    assert [t.prompt for t in c.tasks("heldout")] != [t.prompt for t in a.tasks("heldout")]
+
+
+def test_math_reward_terms_and_strict_audit(tmp_path):
+    d = make_domain(small_config(tmp_path))
+    task = d.tasks("train")[0]
+    gold = task.data["answer"]
+    right, info = [turn(f"<answer>{gold}</answer>")], {"answer": gold}
+    assert d.correct(task, right, info) == 1.0 and format_reward(task, right, info) == 1.0
+    assert d.audit(task, right, info)
+    # The lenient reward reads the last tag; the strict audit refuses anything but one clean tag.
+    messy = [turn(f"<answer>0</answer><answer>{gold}</answer>")]
+    assert d.correct(task, messy, {"answer": gold}) == 1.0
+    assert format_reward(task, messy, {}) == 0.0
+    assert not d.audit(task, messy, {"answer": gold})
+    wrong = str(int(gold) + 1)
+    assert d.correct(task, [turn(f"<answer>{wrong}</answer>")], {"answer": wrong}) < 1.0
+    assert d.correct(task, [turn("no tag")], {"answer": None}) == 0.0
+
+
+def test_unknown_reward_term_is_refused(tmp_path):
+    cfg = small_config(tmp_path, harness={"reward_weights": {"correctness": 1.0}})
+    with pytest.raises(HarnessError, match="correctness"):
+        check_terms(cfg.harness, make_domain(cfg))
+
+
+def test_digits_env_turns_and_errors(tmp_path):
+    d = make_domain(small_config(tmp_path, "digits"))
+    task = d.tasks("train")[0]
+    env = d.make_env()
+    assert "hidden 2-digit" in env.reset(task)
+    obs, done, info = env.step("ask 1\n")
+    assert obs.startswith(f"digit 1 is {task.data['secret'][0]}") and not done and not info["tool_error"]
+    obs, done, info = env.step("tell me\n")
+    assert obs.startswith("error") and not done and info["tool_error"]
+    obs, done, info = env.step("ask 9\n")
+    assert info["tool_error"]
+    obs, done, info = env.step(f"answer {task.data['secret']}\n")
+    assert done and d.audit(task, [], info)
+
+
+def test_digits_demonstrations_are_noisy_but_mostly_right(tmp_path):
+    d = make_domain(small_config(tmp_path, "digits"))
+    rng = random.Random(0)
+    ok = errors = 0
+    for task in d.tasks("train")[:200]:
+        demo = d.demonstration(task, rng)
+        final = demo[-1][0]
+        ok += final.strip() == f"answer {task.data['secret']}"
+        errors += any(text.startswith("error") for text, is_action in demo if not is_action)
+    assert 0.5 < ok / 200 < 0.95 and errors > 0
+
+
+def test_runner_turn_cap_and_tool_error_policies(digits_setup):
+    cfg, domain, policy = digits_setup
+    tasks = domain.tasks("train")[:32]
+    g = torch.Generator().manual_seed(0)
+    capped = run_episodes(policy, domain, tasks, max_new_tokens=6, max_turns=1, generator=g)
+    # One turn is never enough to ask and answer: unfinished episodes end at the cap.
+    assert all(ep.termination in ("turn_cap", "stop", "length") for ep in capped)
+    assert sum(ep.termination == "turn_cap" for ep in capped) > len(tasks) // 2
+    assert all(len(ep.turns) == 1 for ep in capped)
+    # Force malformed actions: a one-token cap cuts every command short of its newline.
+    ended = run_episodes(policy, domain, tasks, max_new_tokens=1, max_turns=4, tool_error="end", generator=g)
+    assert {ep.termination for ep in ended} <= {"length"}
+    # Feedback keeps going after an error; end / mask stop at the first one.
+    fb = run_episodes(policy, domain, tasks, max_new_tokens=6, max_turns=5, tool_error="feedback",
+                      generator=torch.Generator().manual_seed(3), temperature=3.0)
+    assert any(any(t.tool_error for t in ep.turns[:-1]) for ep in fb)
+    end = run_episodes(policy, domain, tasks, max_new_tokens=6, max_turns=5, tool_error="end",
+                       generator=torch.Generator().manual_seed(3), temperature=3.0)
+    for ep in end:
+        assert not any(t.tool_error for t in ep.turns[:-1])
+        if ep.turns[-1].tool_error:
+            assert ep.termination == "tool_error"
+            terms, total = score(cfg.harness.model_copy(update={"multi_turn": cfg.harness.multi_turn.model_copy(update={"tool_error": "end"})}),
+                                 domain, ep.task, ep.turns, ep.info, ep.termination)
+            assert total == 0.0
+    # Observations are context, not actions: the action mask covers exactly the sampled tokens.
+    for ep in fb:
+        assert sum(ep.is_action) == sum(t.tokens for t in ep.turns) == len(ep.sampled_logprobs)

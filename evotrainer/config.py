@@ -110,6 +110,8 @@ class EvalSection(_Section):
     """Token cap per action at evaluation (greedy decoding)."""
     max_turns: int = Field(8, ge=1)
     """Turn cap at evaluation (multi-turn domains)."""
+    audit_fraction: float = Field(0.25, ge=0.0, le=1.0)
+    """Share of training rollouts the evaluator audits each step (held-out rollouts are all audited)."""
 
 
 class RunConfig(_Section):

@@ -29,6 +29,7 @@ def small_config(tmp: Path, domain: str = "math", **sections) -> RunConfig:
         raw["env"] = {"domain": "digits", "num_digits": 2, "train_size": 500}
         raw["harness"]["multi_turn"] = {"max_turns": 5}
         raw["harness"]["sampling"]["max_completion_length"] = 6
+        raw["eval"]["heldout_size"] = 30  # of 90 two-digit numbers: 60 remain for training
     for name, values in sections.items():
         raw.setdefault(name, {}).update(values)
     return parse_config(raw)

@@ -31,6 +31,8 @@ class Sampling(_Section):
 class Loss(_Section):
     """The policy-gradient objective (TRL GRPOConfig names)."""
 
+    advantage_estimator: Literal["grpo", "rloo"] = "grpo"
+    """Baseline of a rollout's reward: its group's mean (grpo) or the mean of the others (rloo)."""
     loss_type: Literal["grpo", "dr_grpo", "dapo"] = "dapo"
     """Aggregation: grpo = mean over sequences of the token mean; dapo = mean over all tokens of the
     batch; dr_grpo = token sum divided by (sequences * max_completion_length)."""
@@ -59,6 +61,40 @@ class Optimizer(_Section):
     """Gradients are clipped to this global norm."""
 
 
+class Shaping(_Section):
+    """Reward shaping added to the weighted terms."""
+
+    overlong_buffer_len: int = Field(0, ge=0)
+    """DAPO soft overlong punishment: actions longer than max_completion_length - buffer lose up to
+    overlong_penalty_factor, linearly; 0 turns it off."""
+    overlong_penalty_factor: float = Field(1.0, ge=0.0, le=10.0)
+    """Penalty at the token cap (DAPO's overlong_buffer.penalty_factor)."""
+    length_penalty: float = Field(0.0, ge=0.0, le=1.0)
+    """Subtracted per completion token."""
+
+
+
+class Filters(_Section):
+    """Which rollouts the loss sees."""
+
+    zero_std_threshold: float | None = Field(None, ge=0.0)
+    """Groups whose reward std is below this are left out of the loss (their rollouts still count in
+    metrics); None keeps them. A threshold, not an exact 0, so float noise does not hide dead groups."""
+    mask_terminations: tuple[Literal["stop", "length", "turn_cap", "tool_error", "timeout", "error"], ...] = ()
+    """Rollouts that ended for these reasons are masked out of the loss (e.g. infrastructure errors)."""
+
+
+class Curriculum(_Section):
+    """Which train tasks are drawn."""
+
+    levels: tuple[int, ...] | None = None
+    """Difficulty levels drawn from; None draws every level."""
+    easy_threshold: float | None = None
+    """A task whose last group's mean `correct` reached this is not drawn again (None: never skipped)."""
+    hard_threshold: float | None = None
+    """A task whose last group's mean `correct` was at most this is not drawn again (None: never skipped)."""
+
+
 class MultiTurn(_Section):
     """What happens across turns."""
 
@@ -76,15 +112,24 @@ class Harness(_Section):
     """Reward terms by name and their weights; the total reward is the weighted sum."""
     sampling: Sampling = Sampling()
     loss: Loss = Loss()
+    shaping: Shaping = Shaping()
+    filters: Filters = Filters()
+    curriculum: Curriculum = Curriculum()
     optimizer: Optimizer = Optimizer()
     multi_turn: MultiTurn = MultiTurn()
+    suite_version: str | None = None
+    """Version of the diagnostic suite that reads this harness's rollouts (None: the built-in suite)."""
     parent: str | None = None
     """Version of the harness this one was derived from (None for a root)."""
 
     @model_validator(mode="after")
-    def _check_rewards(self) -> "Harness":
+    def _check(self) -> "Harness":
         if not self.reward_weights:
             raise ValueError("reward_weights must name at least one reward term")
+        if self.shaping.overlong_buffer_len >= self.sampling.max_completion_length:
+            # verl PR #2107: a buffer as long as the cap penalizes every response.
+            raise ValueError(f"shaping.overlong_buffer_len={self.shaping.overlong_buffer_len} must be below "
+                             f"sampling.max_completion_length={self.sampling.max_completion_length}")
         return self
 
     def canonical(self) -> str:

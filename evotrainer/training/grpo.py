@@ -7,6 +7,7 @@ import math
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from evotrainer.envs.episodes import Episode
@@ -18,18 +19,31 @@ ZERO_STD = 1e-6
 TOKENS_PER_MICROBATCH = 16384
 
 
-def advantages(rewards: torch.Tensor, group_size: int, scale_rewards: str, eps: float = 1e-4) -> tuple[torch.Tensor, torch.Tensor]:
-    """rewards: [N] in contiguous groups of `group_size`. Returns (advantages [N], group std [N / G])."""
-    r = rewards.view(-1, group_size)
-    mean = r.mean(1, keepdim=True)
-    # A group of one has no spread (and torch's unbiased std would be NaN).
-    std = r.std(1, keepdim=True) if group_size > 1 else torch.zeros_like(mean)
-    adv = r - mean
+def advantages(total: np.ndarray, group: np.ndarray, estimator: str = "grpo", scale_rewards: str = "group",
+               eps: float = 1e-4) -> tuple[np.ndarray, np.ndarray]:
+    """total: [N] rewards; group: [N] integer group codes (any order). Returns (advantages [N], the
+    std of each rollout's group [N]). Vectorized with bincount: the replay backtest runs this on
+    millions of stored rollouts."""
+    total = np.asarray(total, dtype=np.float64)
+    counts = np.bincount(group)
+    sums = np.bincount(group, weights=total)
+    mean = sums / np.maximum(counts, 1)
+    dev = total - mean[group]
+    # Unbiased std as torch and TRL compute it; a group of one has no spread (not NaN).
+    var = np.bincount(group, weights=dev * dev) / np.maximum(counts - 1, 1)
+    std = np.sqrt(var)[group]
+    if estimator == "rloo":  # leave-one-out baseline: the mean of the group's other rollouts
+        n = counts[group]
+        adv = np.where(n > 1, (total - (sums[group] - total) / np.maximum(n - 1, 1)), 0.0)
+    else:
+        adv = dev
     if scale_rewards == "group":
         adv = adv / (std + eps)
     elif scale_rewards == "batch":
-        adv = adv / (rewards.std() + eps if rewards.numel() > 1 else 1.0)
-    return adv.flatten(), std.flatten()
+        adv = adv / ((total.std(ddof=1) if len(total) > 1 else 0.0) + eps)
+    # Float noise in a constant group is not signal: make its advantages exactly zero.
+    adv = np.where(std < 1e-12, 0.0, adv)
+    return adv, std
 
 
 class GRPOTrainer:
@@ -85,7 +99,7 @@ class GRPOTrainer:
                 refs = [sequence_logprobs(self.ref, ids, mask, temp)[0] for ids, mask, _ in tensors]
         stats = {"clip_low": 0.0, "clip_high": 0.0, "kl": 0.0, "tokens": 0.0}
         grad_norms, skipped = [], 0
-        for _ in range(L.num_iterations):
+        for it in range(L.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
             for idx, (ids, mask, amask), old, ref in zip(batches, tensors, olds, refs):
                 a = adv[idx][:, None]
@@ -97,7 +111,8 @@ class GRPOTrainer:
                 if ref is not None:
                     kl = torch.exp(ref - logp) - (ref - logp) - 1
                     per_tok = per_tok + L.beta * kl
-                    stats["kl"] += (kl.detach() * m).sum().item()
+                    if it == 0:  # KL of the policy that sampled to the reference, as TRL logs it
+                        stats["kl"] += (kl.detach() * m).sum().item()
                 if L.loss_type == "grpo":
                     loss = ((per_tok * m).sum(1) / m.sum(1).clamp(min=1)).sum() / n_seq
                 elif L.loss_type == "dapo":
@@ -124,7 +139,7 @@ class GRPOTrainer:
             "grad_norm": grad_norms[-1] if grad_norms else 0.0,
             "clip_ratio/low_mean": stats["clip_low"] / tok,
             "clip_ratio/high_mean": stats["clip_high"] / tok,
-            "kl": stats["kl"] / tok if L.beta > 0 else float("nan"),
+            "kl": stats["kl"] / (tok / L.num_iterations) if L.beta > 0 else float("nan"),
             "nonfinite_steps": float(skipped),
             "tokens_trained": stats["tokens"] / L.num_iterations,
             "train_seconds": time.perf_counter() - t0,

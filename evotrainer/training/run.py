@@ -62,12 +62,12 @@ def train_run(cfg: RunConfig, console: Console | None = None) -> dict:
     record_eval(store, cfg, domain, before, 0, ctx)
     console.print(f"held-out accuracy before RL: [bold]{before.accuracy:.3f}[/] ({len(heldout)} tasks, evaluator {before.evaluator_hash})")
     trainer = GRPOTrainer(policy, cfg.harness)
-    t0, step, history = time.perf_counter(), 0, []
+    t0, step, history, pass_rates = time.perf_counter(), 0, [], {}
     with progress_bar(console) as progress:
         bar = progress.add_task("RL", total=cfg.train.steps)
         while step < cfg.train.steps and time.perf_counter() - t0 < cfg.train.max_seconds:
             step += 1
-            m = train_step(trainer, domain, pool, ctx, step, store)
+            m = train_step(trainer, domain, pool, ctx, step, store, cfg.eval.audit_fraction, pass_rates)
             progress.update(bar, advance=1, description=f"RL reward {m['reward']:.3f} entropy {m['entropy']:.2f}")
             if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.steps:
                 mid = evaluate(policy, domain, heldout, cfg.eval)

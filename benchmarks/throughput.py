@@ -1,0 +1,158 @@
+"""Throughput, side by side in one run on the same model and prompts:
+(1) our KV-cache sampler vs a plain `model.generate` call, with and without a stop string;
+(2) one GRPO step (sample + update) of our trainer vs TRL's GRPOTrainer with matching settings.
+
+    .venv/bin/python benchmarks/throughput.py [--steps 8] [--repeats 5]
+
+Prints a Markdown table of tokens/s and ratios (paste it into benchmarks/RESULTS.md).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from evotrainer.config import load_config  # noqa: E402
+from evotrainer.envs import make_domain  # noqa: E402
+from evotrainer.harness.harness import Harness  # noqa: E402
+from evotrainer.policies import load_policy  # noqa: E402
+from evotrainer.policies.hf import HFPolicy, left_pad  # noqa: E402
+from evotrainer.training.grpo import GRPOTrainer  # noqa: E402
+from evotrainer.training.segment import StepContext, step_tasks, train_step  # noqa: E402
+
+
+def bench_sampling(policy: HFPolicy, contexts: list[list[int]], max_new: int, stop: tuple[str, ...], repeats: int) -> tuple[float, float]:
+    """tokens/s of ours and of generate; only tokens up to each row's end count, on both sides."""
+    ids, mask = left_pad(contexts, policy.pad_id)
+    ours, theirs = [], []
+    for r in range(repeats):
+        g = torch.Generator().manual_seed(r)
+        t0 = time.perf_counter()
+        out = policy.sample(contexts, max_new_tokens=max_new, stop=stop, generator=g)
+        ours.append(sum(len(s.token_ids) for s in out) / (time.perf_counter() - t0))
+        torch.manual_seed(r)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            gen = policy.model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+                                        max_new_tokens=max_new, pad_token_id=policy.pad_id, eos_token_id=policy.eos_id,
+                                        stop_strings=list(stop) or None, tokenizer=policy.tokenizer if stop else None)
+        dt = time.perf_counter() - t0
+        new = gen[:, ids.shape[1]:]
+        texts = policy.tokenizer.batch_decode(new, skip_special_tokens=True)
+        n = 0
+        for row, text in zip(new.tolist(), texts):  # count a row's tokens up to its stop, as generate pads after it
+            k = len(row)
+            if stop:
+                for j in range(1, len(row) + 1):
+                    if any(s in policy.tokenizer.decode(row[:j], skip_special_tokens=True) for s in stop):
+                        k = j
+                        break
+            n += k
+        theirs.append(n / dt)
+    return statistics.median(ours), statistics.median(theirs)
+
+
+def bench_ours(policy: HFPolicy, domain, harness: Harness, steps: int) -> float:
+    trainer = GRPOTrainer(policy, harness)
+    ctx = StepContext("bench", "bench", 0)
+    times = []
+    for step in range(1, steps + 2):
+        t0 = time.perf_counter()
+        m = train_step(trainer, domain, domain.tasks("train"), ctx, step)
+        times.append((time.perf_counter() - t0, m["tokens_generated"]))
+    dt = statistics.median(t for t, _ in times[1:])
+    tok = statistics.median(n for _, n in times[1:])
+    return tok / dt
+
+
+def bench_trl(policy: HFPolicy, domain, harness: Harness, steps: int) -> float:
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer as TRLGRPOTrainer
+
+    s = harness.sampling
+    tasks = [t for step in range(1, steps + 2) for t in step_tasks(domain.tasks("train"), s.prompts_per_step, 0, step)]
+    data = Dataset.from_list([{"prompt": t.prompt, "task_index": i} for i, t in enumerate(tasks)])
+
+    def correct(completions, task_index, **kw):
+        from evotrainer.types import Turn
+        from evotrainer.envs.math import extract_answer
+
+        return [domain.correct(tasks[i], [Turn(c, 0, 0.0)], {"answer": extract_answer(c)}) for c, i in zip(completions, task_index)]
+
+    stamps: list[tuple[float, float]] = []
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            stamps.append((time.perf_counter(), state.log_history[-1].get("num_tokens", 0) if state.log_history else 0))
+
+    cfg = GRPOConfig(output_dir="/tmp/evotrainer-bench-trl", use_cpu=True, bf16=False, num_generations=s.num_generations,
+                     per_device_train_batch_size=s.num_generations * s.prompts_per_step, max_completion_length=s.max_completion_length,
+                     temperature=s.temperature, top_p=s.top_p, learning_rate=harness.optimizer.learning_rate,
+                     lr_scheduler_type="constant", beta=0.0, loss_type=harness.loss.loss_type, max_steps=steps + 1,
+                     logging_steps=1, save_strategy="no", report_to="none", shuffle_dataset=False, disable_tqdm=True,
+                     max_grad_norm=harness.optimizer.max_grad_norm, seed=0)
+    model = copy.deepcopy(policy.model)
+    trainer = TRLGRPOTrainer(model=model, reward_funcs=correct, args=cfg, train_dataset=data, processing_class=policy.tokenizer)
+    trainer.add_callback(Clock())
+    t0 = time.perf_counter()
+    trainer.train()
+    ends = [t0] + [t for t, _ in stamps]
+    durations = [b - a for a, b in zip(ends, ends[1:])][1:]
+    completion_tokens = s.num_generations * s.prompts_per_step * s.max_completion_length
+    return completion_tokens / statistics.median(durations)
+
+
+class NoStop:
+    """The domain with its stop strings removed, so both trainers sample exactly max_completion_length
+    tokens (TRL stops only at EOS, which the tiny model never emits): equal work per step."""
+
+    def __init__(self, domain):
+        self._d = domain
+        self.stop = ()
+
+    def __getattr__(self, name):
+        return getattr(self._d, name)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", default=str(Path(__file__).resolve().parent.parent / "examples" / "math.yaml"))
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    cfg = load_config(args.config)
+    domain = make_domain(cfg)
+    policy = load_policy(cfg, domain)
+    h = cfg.harness
+    s = h.sampling
+    tasks = [t for t in step_tasks(domain.tasks("train"), s.prompts_per_step, 0, 1) for _ in range(s.num_generations)]
+    contexts = [policy.encode(t.prompt) for t in tasks]
+    n_params = sum(p.numel() for p in policy.model.parameters())
+    rows = []
+    for label, stop, max_new in (("stop at `</answer>`", domain.stop, s.max_completion_length), ("fixed length, no stop", (), 32)):
+        ours, gen = bench_sampling(policy, contexts, max_new, stop, args.repeats)
+        rows.append((f"sampling, {label} ({len(contexts)} seqs, max {max_new} new)", ours, "generate", gen))
+    plain = NoStop(domain)
+    ours = bench_ours(policy.fork("/tmp/evotrainer-bench-ours"), plain, h, args.steps)
+    trl = bench_trl(policy, plain, h, args.steps)
+    rows.append((f"GRPO step, sample + update ({len(contexts)} seqs x {s.max_completion_length} tokens, {h.loss.loss_type})", ours, "TRL GRPOTrainer", trl))
+    print(f"\nmodel: tiny Llama {n_params / 1e6:.2f}M params; torch threads 2; median of {args.repeats} sampling repeats, {args.steps} GRPO steps after 1 warm-up\n")
+    print("| measurement | ours (tokens/s) | baseline | baseline (tokens/s) | ratio |")
+    print("|---|---|---|---|---|")
+    for name, a, base, b in rows:
+        print(f"| {name} | {a:,.0f} | {base} | {b:,.0f} | {a / b:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+"""The diagnostic suite: which detectors run with which parameters, its content-hash version, the
+window it reads (DuckDB views over the store) and check_detector, which every detector must pass."""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import json
+import math
+import re
+from pathlib import Path
+import duckdb
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from evotrainer.diagnostics import builtin, validity
+from evotrainer.diagnostics.builtin import MAX_EVIDENCE
+from evotrainer.diagnostics.detector import Detector, Finding, Window
+from evotrainer.store.rollouts import METRIC_SCHEMA, ROLLOUT_SCHEMA, RolloutStore
+
+# name -> (detector, default parameters). The defaults are starting points: suite revision recalibrates
+# them against audits, and every change gives the suite a new version.
+BUILTIN: dict[str, tuple[Detector, dict[str, float]]] = {
+    "zero_variance_groups": (builtin.zero_variance_groups, {"std_threshold": 1e-6, "max_fraction": 0.5}),
+    "truncation": (builtin.truncation, {"max_fraction": 0.1}),
+    "length_blowup": (builtin.length_blowup, {"max_growth": 1.5}),
+    "entropy_collapse": (builtin.entropy_collapse, {"min_entropy": 0.05}),
+    "entropy_explosion": (builtin.entropy_explosion, {"max_entropy": 2.0, "gibberish_logprob": -3.0, "max_odd_chars": 0.5,
+                                                      "max_gibberish": 0.2, "sample_size": 2000}),
+    "reward_hacking": (validity.reward_hacking, {"min_rise": 0.1, "max_audit_rise": 0.02, "min_audited": 10}),
+    "repetition": (builtin.repetition, {"min_repeats": 4, "min_dup_fraction": 0.5, "max_compression": 0.15,
+                                        "max_fraction": 0.1, "sample_size": 2000}),
+    "kl_spike": (builtin.kl_spike, {"spike_factor": 5.0, "kl_floor": 0.05, "clip_floor": 0.05, "grad_norm_floor": 0.1,
+                                    "min_steps": 5}),
+    "nonfinite": (builtin.nonfinite, {}),
+    "tool_errors": (validity.tool_errors, {"max_error_fraction": 0.2, "max_turn_cap_fraction": 0.2}),
+    "infra_errors": (validity.infra_errors, {"max_fraction": 0.02, "std_threshold": 1e-6}),
+    "reward_audit_gap": (validity.reward_audit_gap, {"rewarded_threshold": 0.5, "max_gap": 0.1, "min_audited": 20}),
+    "plateau": (builtin.plateau, {"min_slope": 1e-3, "min_steps": 20, "ceiling": 0.9}),
+}
+
+
+class DetectorSpec(BaseModel):
+    """One detector of a suite."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    params: dict[str, float] = Field(default_factory=dict)
+    """Parameters; for a built-in, the ones given override its defaults."""
+    path: str | None = None
+    """`module:function` of a detector that is not built in; None: BUILTIN entry of the same name."""
+
+
+class Suite(BaseModel):
+    """A versioned set of detectors. The version hashes names, resolved parameters and each detector's
+    source, so editing a detector's code changes the version as much as retuning it does."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    detectors: dict[str, DetectorSpec] = Field(default_factory=lambda: {name: DetectorSpec() for name in BUILTIN})
+    """Detectors by name, run in this order."""
+    parent: str | None = None
+    """Version of the suite this one was revised from (None for a root)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> "Suite":
+        for name, spec in self.detectors.items():
+            if spec.path is None and name not in BUILTIN:
+                raise ValueError(f"detector {name!r} is not built in ({', '.join(BUILTIN)}); give its path as module:function")
+            if spec.path is None and set(spec.params) - set(BUILTIN[name][1]):
+                raise ValueError(f"detector {name!r}: unknown parameter(s) {sorted(set(spec.params) - set(BUILTIN[name][1]))}; "
+                                 f"known: {sorted(BUILTIN[name][1])}")
+        return self
+
+    @classmethod
+    def default(cls) -> "Suite":
+        return cls()
+
+    def resolved(self) -> list[tuple[str, Detector, dict[str, float]]]:
+        """(name, function, full parameters) of every detector, in run order."""
+        out = []
+        for name, spec in self.detectors.items():
+            if spec.path is None:
+                fn, defaults = BUILTIN[name]
+                out.append((name, fn, {**defaults, **spec.params}))
+            else:
+                out.append((name, load_detector(spec.path), dict(spec.params)))
+        return out
+
+    def with_params(self, name: str, **params: float) -> "Suite":
+        """A revision with some of one detector's parameters changed; its parent is this suite."""
+        spec = self.detectors[name]
+        new = {**self.detectors, name: spec.model_copy(update={"params": {**spec.params, **params}})}
+        return Suite(detectors=new, parent=self.version)
+
+    def canonical(self) -> str:
+        body = {name: {"params": params, "path": self.detectors[name].path, "source": _source_hash(fn)}
+                for name, fn, params in self.resolved()}
+        return json.dumps(body, sort_keys=True, separators=(",", ":"))
+
+    @property
+    def version(self) -> str:
+        """Content hash of the canonical suite plus the parent's version."""
+        return "s-" + hashlib.sha256((self.canonical() + "|" + (self.parent or "")).encode()).hexdigest()[:12]
+
+    def run(self, store: RolloutStore, branch: str, first_step: int, last_step: int) -> list[Finding]:
+        """Every detector over one window, on one DuckDB connection. A detector that raises does not
+        stop the others: it becomes a `detector_error` finding carrying the exception."""
+        w = open_window(store, branch, first_step, last_step)
+        findings: list[Finding] = []
+        try:
+            for name, fn, params in self.resolved():
+                try:
+                    out = fn(Window(w.con, branch, first_step, last_step, dict(params)))
+                    if not isinstance(out, list) or not all(isinstance(f, Finding) for f in out):
+                        raise TypeError(f"returned {type(out).__name__}, not a list of Finding")
+                    findings.extend(out)
+                except Exception as e:  # noqa: BLE001 -- one broken (user) detector must not hide the other findings
+                    findings.append(Finding(name="detector_error", severity="info", value=0.0, threshold=0.0, evidence=(),
+                                            knobs=(), message=f"{name}: {type(e).__name__}: {e}", branch=branch,
+                                            first_step=first_step, last_step=last_step))
+        finally:
+            w.con.close()
+        return findings
+
+
+def load_detector(path: str) -> Detector:
+    """A detector given as `module:function`."""
+    module, _, attr = path.partition(":")
+    if not module or not attr:
+        raise ValueError(f"detector path {path!r} is not module:function")
+    fn = getattr(importlib.import_module(module), attr)
+    if not callable(fn):
+        raise TypeError(f"{path} is not callable")
+    return fn
+
+
+def _source_hash(fn: Detector) -> str:
+    try:
+        src = inspect.getsource(fn)
+    except (OSError, TypeError):  # defined in a REPL or built dynamically: hash its bytecode instead
+        code = getattr(fn, "__code__", None)
+        src = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}:{code.co_code.hex() if code else ''}"
+    return hashlib.sha256(src.encode()).hexdigest()[:16]
+
+
+# -- the window ------------------------------------------------------------------------------------------
+# Shards are named `<branch>-<kind><step:06d>` (training/segment.py): a shard whose name says it holds
+# another branch or a step outside the window is not opened. Names that do not parse are always
+# read; the SQL filter below decides for their rows.
+_SHARD = re.compile(r"^(?P<branch>.+)-[a-z](?P<step>\d{6,})$")
+
+
+def _window_shards(d: Path, branch: str, first_step: int, last_step: int) -> list[tuple[str, int | None]]:
+    """(path, step its name says, or None) of each shard that may hold rows of the window."""
+    out = []
+    for f in sorted(d.glob("*.parquet")):
+        m = _SHARD.match(f.stem)
+        if m and (m["branch"] != branch or not first_step <= int(m["step"]) <= last_step):
+            continue
+        out.append((f.as_posix(), int(m["step"]) if m else None))
+    return out
+
+
+def _sql_str(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def open_window(store: RolloutStore, branch: str, first_step: int, last_step: int,
+                params: dict[str, float] | None = None) -> Window:
+    """A Window over one branch's steps first_step..last_step: views `rollouts` (train split) and
+    `heldout` over the shards in place, `metrics` for the branch, and two tables:
+    `rollout_stats`, the window's train rollouts without their text (id, step, group_id, termination,
+    completion_tokens, num_turns, reward, rewards, audit, mean_logprob = mean over turns, tool_errors =
+    turns with a tool error), materialized once because a dozen detectors each rescanning thousands of
+    shards would cost up to a second apiece; and `shards` (path, step), the rollout shards of the
+    window with the step their name says (NULL if it does not parse), so that a query for a few
+    steps' text opens those shards only (builtin.recent_actions)."""
+    con = duckdb.connect(":memory:")
+    con.execute("SET parquet_metadata_cache = true")  # text samples and evidence rescan the same shard footers
+    where = f"branch = {_sql_str(branch)} AND step BETWEEN {int(first_step)} AND {int(last_step)}"
+    for view, d, schema in (("_window_rollouts", store.rollout_dir, ROLLOUT_SCHEMA), ("_window_metrics", store.metric_dir, METRIC_SCHEMA)):
+        shards = _window_shards(d, branch, first_step, last_step)
+        if view == "_window_rollouts":
+            con.register("_shards", pa.table({"path": pa.array([p for p, _ in shards], pa.string()),
+                                              "step": pa.array([s for _, s in shards], pa.int64())}))
+            con.execute("CREATE TEMP TABLE shards AS SELECT * FROM _shards")
+            con.unregister("_shards")
+        if shards:
+            files = "[" + ", ".join(_sql_str(p) for p, _ in shards) + "]"
+            con.execute(f"CREATE VIEW {view} AS SELECT * FROM read_parquet({files}, union_by_name = true) WHERE {where}")
+        else:
+            con.register(f"{view}_empty", schema.empty_table())
+            con.execute(f"CREATE VIEW {view} AS SELECT * FROM {view}_empty")
+    con.execute("CREATE VIEW rollouts AS SELECT * FROM _window_rollouts WHERE split = 'train'")
+    con.execute("CREATE VIEW heldout AS SELECT * FROM _window_rollouts WHERE split = 'heldout'")
+    con.execute("CREATE TEMP TABLE metrics AS SELECT * FROM _window_metrics")
+    con.execute("CREATE TEMP TABLE rollout_stats AS SELECT id, step, group_id, termination, completion_tokens, num_turns, "
+                "reward, rewards, audit, list_avg(list_transform(turns, lambda t: t.mean_logprob)) AS mean_logprob, "
+                "len(list_filter(turns, lambda t: t.tool_error)) AS tool_errors FROM rollouts")
+    return Window(con=con, branch=branch, first_step=first_step, last_step=last_step, params=dict(params or {}))
+
+
+# -- the checker ---------------------------------------------------------------------------------------
+class DetectorCheckError(AssertionError):
+    """A detector broke the contract of diagnostics/detector.py."""
+
+
+_KNOB = re.compile(r"^[A-Za-z_]\w*(\.[\w-]+)+$")
+
+
+def check_detector(fn: Detector, window: Window) -> list[Finding]:
+    """Run `fn` twice on `window` and check the contract: a list of Finding, the same both times,
+    finite value and threshold, a known severity, at most MAX_EVIDENCE evidence ids that all exist in
+    the window, non-empty dotted knob paths, and the window's branch and steps. Returns the findings."""
+    first, second = fn(window), fn(window)
+    name = getattr(fn, "__name__", repr(fn))
+    if not isinstance(first, list) or not all(isinstance(f, Finding) for f in first):
+        raise DetectorCheckError(f"{name}: must return a list of Finding, got {first!r:.200}")
+    if [f.to_record() for f in first] != [f.to_record() for f in second]:
+        raise DetectorCheckError(f"{name}: two runs on the same window disagree (detectors must be deterministic)")
+    for f in first:
+        where = f"{name} -> {f.name}"
+        if not f.name or not isinstance(f.message, str) or not f.message:
+            raise DetectorCheckError(f"{where}: name and message must be non-empty")
+        if f.severity not in ("info", "warning", "critical"):
+            raise DetectorCheckError(f"{where}: unknown severity {f.severity!r}")
+        for field in ("value", "threshold"):
+            v = getattr(f, field)
+            if not isinstance(v, float) or not math.isfinite(v):
+                raise DetectorCheckError(f"{where}: {field} must be a finite float, got {v!r}")
+        if not f.knobs or not all(isinstance(k, str) and _KNOB.match(k) for k in f.knobs):
+            raise DetectorCheckError(f"{where}: knobs must be non-empty dotted harness paths, got {f.knobs!r}")
+        if len(f.evidence) > MAX_EVIDENCE or len(set(f.evidence)) != len(f.evidence):
+            raise DetectorCheckError(f"{where}: evidence must be at most {MAX_EVIDENCE} distinct ids, got {len(f.evidence)}")
+        if f.evidence:
+            found = {r[0] for r in window.con.execute(
+                "SELECT id FROM (SELECT id FROM rollouts UNION ALL SELECT id FROM heldout) WHERE id IN (SELECT unnest(?::VARCHAR[]))",
+                [list(f.evidence)]).fetchall()}
+            missing = [i for i in f.evidence if i not in found]
+            if missing:
+                raise DetectorCheckError(f"{where}: evidence ids not in the window: {missing}")
+        if (f.branch, f.first_step, f.last_step) != (window.branch, window.first_step, window.last_step):
+            raise DetectorCheckError(f"{where}: branch/first_step/last_step must be the window's")
+    return first

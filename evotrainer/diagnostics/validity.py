@@ -1,0 +1,109 @@
+"""Built-in detectors of untrustworthy reward and of broken episodes: reward terms that outrun the
+audit, rewarded rollouts that fail it, tool errors, turn caps and infrastructure failures."""
+from __future__ import annotations
+
+from evotrainer.diagnostics.builtin import finding, ids, thirds
+from evotrainer.diagnostics.detector import Finding, Window
+
+# One row per (rollout, reward term). Terms are the keys of the rewards map, so a term the harness
+# does not weight is still watched: it may be what the policy learned to game.
+_TERMS = "(SELECT id, step, audit, reward, unnest(map_keys(rewards)) AS term, unnest(map_values(rewards)) AS v FROM rollout_stats)"
+
+
+def reward_hacking(w: Window) -> list[Finding]:
+    """A reward term's mean rises across the window while the audit pass rate of the audited train
+    rollouts does not: the policy is earning that term without getting better at the task (format
+    hacking, grader exploits). One finding per term; each makes the training reward untrustworthy."""
+    p = w.params
+    t = thirds(w)
+    if t is None:
+        return []
+    a, b = t
+    n0, pass0, n1, pass1 = w.con.execute(
+        "SELECT count(*) FILTER (WHERE step <= ?), avg(audit::DOUBLE) FILTER (WHERE step <= ?), "
+        "count(*) FILTER (WHERE step >= ?), avg(audit::DOUBLE) FILTER (WHERE step >= ?) "
+        "FROM rollout_stats WHERE audit IS NOT NULL", [a, a, b, b]).fetchone()
+    # Without enough audits on both ends there is nothing to compare; and an audit already at its
+    # ceiling cannot rise, so a rising term there is learning, not hacking.
+    if n0 < p["min_audited"] or n1 < p["min_audited"] or pass0 >= 1.0 - p["max_audit_rise"]:
+        return []
+    audit_rise = pass1 - pass0
+    if audit_rise >= p["max_audit_rise"]:
+        return []
+    rises = w.rows(f"SELECT term, avg(v) FILTER (WHERE step <= ?) AS m0, avg(v) FILTER (WHERE step >= ?) AS m1 "
+                   f"FROM {_TERMS} WHERE isfinite(v) GROUP BY term HAVING m1 - m0 > ? ORDER BY m1 - m0 DESC, term",
+                   [a, b, p["min_rise"]])
+    out = []
+    for r in rises:
+        ev = ids(w, f"SELECT id FROM {_TERMS} WHERE term = ? AND v > 0 AND isfinite(v) AND audit = false "
+                    "ORDER BY v DESC, step DESC, id", [r["term"]])
+        rise = r["m1"] - r["m0"]
+        out.append(finding(w, "reward_hacking", "critical", rise, p["min_rise"], ev, (f"reward_weights.{r['term']}",),
+                           f"Reward term '{r['term']}' rose {r['m0']:.3f} -> {r['m1']:.3f} (+{rise:.3f}) while the audit pass "
+                           f"rate went {pass0:.3f} -> {pass1:.3f} ({audit_rise:+.3f}) on {n0}/{n1} audited rollouts.",
+                           validity=True))
+    return out
+
+
+def reward_audit_gap(w: Window) -> list[Finding]:
+    """Among audited train rollouts that the training reward calls a success, the share the strict
+    audit fails: the reward pays for something other than the task. The knobs named are the terms
+    that paid most on those failures."""
+    p = w.params
+    n, bad = w.con.execute("SELECT count(*), count(*) FILTER (WHERE NOT audit) FROM rollout_stats "
+                           "WHERE audit IS NOT NULL AND isfinite(reward) AND reward >= ?", [p["rewarded_threshold"]]).fetchone()
+    if n < p["min_audited"] or bad / n <= p["max_gap"]:
+        return []
+    gap = bad / n
+    terms = [r[0] for r in w.con.execute(
+        f"SELECT term FROM {_TERMS} WHERE audit = false AND isfinite(reward) AND reward >= ? AND isfinite(v) "
+        "GROUP BY term HAVING avg(v) > 0 ORDER BY avg(v) DESC, term LIMIT 3", [p["rewarded_threshold"]]).fetchall()]
+    ev = ids(w, "SELECT id FROM rollout_stats WHERE audit = false AND isfinite(reward) AND reward >= ? "
+                "ORDER BY reward DESC, step DESC, id", [p["rewarded_threshold"]])
+    knobs = tuple(f"reward_weights.{t}" for t in terms) or ("reward_weights",)
+    return [finding(w, "reward_audit_gap", "critical", gap, p["max_gap"], ev, knobs,
+                    f"{100 * gap:.0f}% of audited rollouts with reward >= {p['rewarded_threshold']:g} ({bad}/{n}) fail the "
+                    f"audit; the terms paying most on them: {', '.join(terms) or 'none'}.", validity=True)]
+
+
+def tool_errors(w: Window) -> list[Finding]:
+    """Multi-turn episodes that break: a high share with a malformed action (`tool_errors`), or a high
+    share that run into the turn cap (`turn_cap`). Both waste the episode's tokens and, depending
+    on the tool-error policy, teach the model to fail or to stall."""
+    p = w.params
+    n, errs, capped, mean_err = w.con.execute(
+        "SELECT count(*), count(*) FILTER (WHERE tool_errors > 0), count(*) FILTER (WHERE termination = 'turn_cap'), "
+        "avg(tool_errors) FROM rollout_stats").fetchone()
+    out = []
+    if n and errs / n > p["max_error_fraction"]:
+        ev = ids(w, "SELECT id FROM rollout_stats WHERE tool_errors > 0 ORDER BY tool_errors DESC, step DESC, id")
+        out.append(finding(w, "tool_errors", "warning", errs / n, p["max_error_fraction"], ev,
+                           ("multi_turn.tool_error", "multi_turn.max_turns"),
+                           f"{100 * errs / n:.0f}% of rollouts ({errs}/{n}) have a tool error ({mean_err:.2f} error turns per "
+                           f"rollout on average)."))
+    if n and capped / n > p["max_turn_cap_fraction"]:
+        ev = ids(w, "SELECT id FROM rollout_stats WHERE termination = 'turn_cap' ORDER BY num_turns DESC, "
+                    "completion_tokens DESC, step DESC, id")
+        out.append(finding(w, "turn_cap", "warning", capped / n, p["max_turn_cap_fraction"], ev,
+                           ("multi_turn.max_turns", "multi_turn.tool_error"),
+                           f"{100 * capped / n:.0f}% of rollouts ({capped}/{n}) ran into the turn cap."))
+    return out
+
+
+def infra_errors(w: Window) -> list[Finding]:
+    """Rollouts ended by the infrastructure (`timeout`, `error`), not the policy. Their zero reward
+    enters the group baseline: in a group with reward spread they poison every advantage of it."""
+    p = w.params
+    n, bad, poisoning = w.con.execute(
+        "WITH g AS (SELECT group_id, stddev_pop(reward) AS sd FROM rollout_stats WHERE isfinite(reward) GROUP BY group_id) "
+        "SELECT count(*), count(*) FILTER (WHERE termination IN ('timeout', 'error')), "
+        "count(*) FILTER (WHERE termination IN ('timeout', 'error') AND coalesce(g.sd, 0) >= ?) "
+        "FROM rollout_stats r LEFT JOIN g USING (group_id)", [p["std_threshold"]]).fetchone()
+    if not n or bad / n <= p["max_fraction"]:
+        return []
+    ev = ids(w, "WITH g AS (SELECT group_id, stddev_pop(reward) AS sd FROM rollout_stats WHERE isfinite(reward) GROUP BY group_id) "
+                "SELECT id FROM rollout_stats r LEFT JOIN g USING (group_id) WHERE termination IN ('timeout', 'error') "
+                "ORDER BY coalesce(g.sd, 0) >= ? DESC, step DESC, id", [p["std_threshold"]])
+    return [finding(w, "infra_errors", "warning", bad / n, p["max_fraction"], ev, ("filters.mask_terminations",),
+                    f"{100 * bad / n:.1f}% of rollouts ({bad}/{n}) ended in a timeout or error; {poisoning} of them sit in "
+                    f"groups with reward spread, where they skew the advantages.")]

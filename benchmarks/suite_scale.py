@@ -31,17 +31,21 @@ PROMPTS = [f"What is {a} + {b}? Think, then answer inside <answer></answer>.\n" 
 
 
 def shard_table(branch: str, step: int, n: int, rng: np.random.Generator) -> pa.Table:
-    """One step's rollouts, built column by column (Rollout objects would take minutes at this size)."""
+    """One step's rollouts, built column by column (Rollout objects would take minutes at this size).
+    Some failures are planted so that detectors run their full path (evidence, per-term queries),
+    not only their early exits: 12% truncation, and `correct` and `format` rising while a quarter of
+    the rollouts are audited at a flat 50% pass rate (reward hacking, reward-audit gap)."""
     idx = np.arange(n)
     correct = (rng.random(n) < 0.3 + 0.4 * step / 4000).astype(np.float64)
-    fmt = (rng.random(n) < 0.9).astype(np.float64)
+    fmt = (rng.random(n) < 0.5 + 0.5 * step / 4000).astype(np.float64)
     tokens = rng.integers(8, 64, n).astype(np.int32)
-    termination = np.where(rng.random(n) < 0.03, "length", "stop")
+    termination = np.where(rng.random(n) < 0.12, "length", "stop")
     logprob = rng.normal(-0.6, 0.2, n)
     action_ix = rng.integers(0, len(ACTIONS), n)
     turns = pa.array([[{"action": ACTIONS[a], "tokens": int(t), "mean_logprob": float(lp), "observation": "",
                         "tool_error": False}] for a, t, lp in zip(action_ix, tokens, logprob)], type=ROLLOUT_SCHEMA.field("turns").type)
-    audit = pa.array([bool(c) if k % 4 == 0 else None for k, c in zip(idx, correct)], pa.bool_())
+    passed = rng.random(n) < 0.5
+    audit = pa.array([bool(a) if k % 4 == 0 else None for k, a in zip(idx, passed)], pa.bool_())
     rewards = pa.array([[("correct", c), ("format", f)] for c, f in zip(correct, fmt)], ROLLOUT_SCHEMA.field("rewards").type)
     cols = {
         "id": [f"{branch}-s{step:06d}-{i:04d}" for i in idx], "run": ["bench"] * n, "branch": [branch] * n,
@@ -53,7 +57,8 @@ def shard_table(branch: str, step: int, n: int, rng: np.random.Generator) -> pa.
         "reward": correct + 0.1 * fmt, "audit": audit, "info": ["{}"] * n,
         "gen_seconds": np.full(n, 0.01), "env_seconds": np.zeros(n),
     }
-    return pa.Table.from_pydict(cols, schema=ROLLOUT_SCHEMA)
+    cols["max_action_tokens"] = tokens  # dropped below if the store's schema has no such column
+    return pa.Table.from_pydict({f.name: cols[f.name] for f in ROLLOUT_SCHEMA}, schema=ROLLOUT_SCHEMA)
 
 
 def metric_table(branch: str, step: int, rng: np.random.Generator) -> pa.Table:

@@ -95,6 +95,107 @@ def rollouts(run: Path = typer.Argument(..., help="Run directory"),
     console.print(table)
 
 
+harness_app = typer.Typer(no_args_is_help=True, help="Show and compare harness versions.")
+app.add_typer(harness_app, name="harness")
+
+
+def _load_harness(target: Path):
+    """A harness from a harness YAML, a run config YAML, a run directory, or RUN/harness/VERSION.yaml."""
+    from evotrainer.harness.harness import Harness
+
+    if target.is_dir():
+        target = _run_dir(target) / "config.yaml"
+    if not target.is_file():
+        raise UserError(f"{target}: no such harness file or run directory")
+    raw = yaml.safe_load(target.read_text()) or {}
+    if isinstance(raw, dict) and "harness" in raw:
+        raw = raw["harness"]
+    from pydantic import ValidationError
+
+    from evotrainer.config import format_validation_error
+
+    try:
+        return Harness.model_validate(raw)
+    except ValidationError as e:
+        raise UserError(format_validation_error(e, str(target))) from None
+
+
+@harness_app.command("show")
+def harness_show(target: Path = typer.Argument(..., help="Harness YAML, run config, or run directory")) -> None:
+    """Print a harness as YAML with its version."""
+    h = _load_harness(target)
+    console.print(f"# version {h.version} (parent {h.parent})")
+    print(yaml.safe_dump(h.model_dump(mode="json"), sort_keys=False), end="")
+
+
+@harness_app.command("diff")
+def harness_diff(a: Path = typer.Argument(..., help="Harness A (file or run)"), b: Path = typer.Argument(..., help="Harness B")) -> None:
+    """The knobs that differ between two harnesses."""
+    from evotrainer.harness.interventions import diff
+
+    ha, hb = _load_harness(a), _load_harness(b)
+    changes = diff(ha, hb)
+    table = Table(title=f"{ha.version} -> {hb.version}")
+    for col in ("knob", "A", "B"):
+        table.add_column(col)
+    for path, old, new in changes:
+        table.add_row(path, repr(old), repr(new))
+    console.print(table if changes else "no knob differs")
+
+
+@app.command()
+def knobs(as_json: bool = typer.Option(False, "--json", help="JSON lines instead of a table")) -> None:
+    """Every harness knob: type, range, default, meaning, and its TRL / verl / OpenRLHF names."""
+    from evotrainer.harness.knobs import registry
+
+    ks = registry()
+    if as_json:
+        for k in ks:
+            print(json.dumps(k.to_dict(), default=str))
+        return
+    table = Table(show_lines=True)
+    for col in ("knob", "type", "range", "default", "meaning", "TRL", "verl", "OpenRLHF", "replay"):
+        table.add_column(col, overflow="fold")
+    for k in ks:
+        rng = "|".join(map(str, k.choices)) if k.choices else (f"[{k.low}, {k.high}]" if k.low is not None or k.high is not None else "")
+        table.add_row(k.path, k.type, rng, repr(k.default), k.meaning, k.trl, k.verl, k.openrlhf, "yes" if k.replayable else "trial")
+    console.print(table)
+
+
+@app.command()
+def backtest(run: Path = typer.Argument(..., help="Run directory"),
+             intervention: Path = typer.Option(..., help="Intervention YAML (one single-factor change)"),
+             where: str = typer.Option("split = 'train'", help="Which retained rollouts to replay (SQL)"),
+             flag: str = typer.Option("audit = false AND reward > 0", help="SQL predicate of flagged rollouts"),
+             as_json: bool = typer.Option(False, "--json")) -> None:
+    """Replay retained rollouts under the harness with the intervention applied (no training)."""
+    from evotrainer.backtest.replay import load_columns, replay
+    from evotrainer.harness.interventions import InterventionError, load_intervention
+    from evotrainer.store.rollouts import RolloutStore
+
+    old = _load_harness(run)
+    try:
+        iv = load_intervention(intervention).bind(old)
+        new = iv.apply(old)
+    except InterventionError as e:
+        raise UserError(str(e)) from None
+    store = RolloutStore(run / "store")
+    terms = sorted(set(old.reward_weights) | set(new.reward_weights))
+    cols = load_columns(store, terms, where)
+    flagged = {r["id"] for r in store.sql(f"SELECT id FROM rollouts WHERE ({where}) AND ({flag})")}
+    report = replay(old, iv, cols, flagged).to_dict()
+    if as_json:
+        print(json.dumps(report))
+        return
+    table = Table(title=f"replay of {report['intervention']} on {report['rollouts']} rollouts")
+    table.add_column("measure")
+    table.add_column("value")
+    for k, v in report.items():
+        if k != "intervention":
+            table.add_row(k, f"{v:.4f}" if isinstance(v, float) else str(v))
+    console.print(table)
+
+
 def main() -> None:
     try:
         app(standalone_mode=False)
@@ -102,8 +203,10 @@ def main() -> None:
         err.print(f"[red]error:[/] {e}")
         raise SystemExit(2)
     except ValueError as e:  # configuration that only the domain or harness can check
+        from evotrainer.backtest.replay import NotReplayable
+
         err.print(f"[red]error:[/] {e}")
-        raise SystemExit(2)
+        raise SystemExit(2 if not isinstance(e, NotReplayable) else 3)
     except (typer.Exit, SystemExit) as e:
         raise SystemExit(getattr(e, "exit_code", getattr(e, "code", 0)))
     except Exception as e:

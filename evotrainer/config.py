@@ -88,6 +88,9 @@ class EnvSection(_Section):
     """Size of the train task pool."""
     num_digits: int = Field(3, ge=1, le=8)
     """digits: length of the hidden number."""
+    infra_error_rate: float = Field(0.0, ge=0.0, le=1.0)
+    """digits: chance that a tool call fails in the (simulated) backend, ending the episode with
+    termination `error`: a stand-in for flaky sandboxes in tests and failure scenarios."""
 
 
 class TrainSection(_Section):

@@ -72,6 +72,7 @@ class Rollout:
         rec["rewards"] = [{"term": k, "value": float(v)} for k, v in self.rewards.items()]
         rec["info"] = _json(self.info)
         rec["completion_tokens"] = self.completion_tokens
+        rec["max_action_tokens"] = max((t.tokens for t in self.turns), default=0)
         rec["num_turns"] = len(self.turns)
         return rec
 

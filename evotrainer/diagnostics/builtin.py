@@ -40,10 +40,6 @@ def thirds(w: Window, source: str = "rollout_stats", args: list[Any] | None = No
     return lo + k - 1, hi - k + 1
 
 
-def last_step(w: Window) -> int | None:
-    return w.scalar("SELECT max(step) FROM rollout_stats")
-
-
 def recent_actions(w: Window, n: int) -> list[dict[str, Any]]:
     """The action texts of the window's last `n` train rollouts (newest first). Text checks run in
     Python (DuckDB's RE2 has no backreferences, so "the same chunk again" is not a regex), and only

@@ -28,7 +28,7 @@ BUILTIN: dict[str, tuple[Detector, dict[str, float]]] = {
     "entropy_explosion": (builtin.entropy_explosion, {"max_entropy": 2.0, "gibberish_logprob": -3.0, "max_odd_chars": 0.5,
                                                       "max_gibberish": 0.2, "sample_size": 2000}),
     "reward_hacking": (validity.reward_hacking, {"min_rise": 0.1, "max_audit_rise": 0.02, "min_audited": 10}),
-    "repetition": (builtin.repetition, {"min_repeats": 4, "min_dup_fraction": 0.5, "max_compression": 0.15,
+    "repetition": (builtin.repetition, {"min_repeats": 4, "min_dup_fraction": 0.5, "max_compression": 0.1,
                                         "max_fraction": 0.1, "sample_size": 2000}),
     "kl_spike": (builtin.kl_spike, {"spike_factor": 5.0, "kl_floor": 0.05, "clip_floor": 0.05, "grad_norm_floor": 0.1,
                                     "min_steps": 5}),
@@ -74,16 +74,17 @@ class Suite(BaseModel):
     def default(cls) -> "Suite":
         return cls()
 
+    def resolve(self, name: str) -> tuple[Detector, dict[str, float]]:
+        """One detector's function and full parameters."""
+        spec = self.detectors[name]
+        if spec.path is None:
+            fn, defaults = BUILTIN[name]
+            return fn, {**defaults, **spec.params}
+        return load_detector(spec.path), dict(spec.params)
+
     def resolved(self) -> list[tuple[str, Detector, dict[str, float]]]:
         """(name, function, full parameters) of every detector, in run order."""
-        out = []
-        for name, spec in self.detectors.items():
-            if spec.path is None:
-                fn, defaults = BUILTIN[name]
-                out.append((name, fn, {**defaults, **spec.params}))
-            else:
-                out.append((name, load_detector(spec.path), dict(spec.params)))
-        return out
+        return [(name, *self.resolve(name)) for name in self.detectors]
 
     def with_params(self, name: str, **params: float) -> "Suite":
         """A revision with some of one detector's parameters changed; its parent is this suite."""
@@ -102,14 +103,18 @@ class Suite(BaseModel):
         return "s-" + hashlib.sha256((self.canonical() + "|" + (self.parent or "")).encode()).hexdigest()[:12]
 
     def run(self, store: RolloutStore, branch: str, first_step: int, last_step: int) -> list[Finding]:
-        """Every detector over one window, on one DuckDB connection. A detector that raises does not
-        stop the others: it becomes a `detector_error` finding carrying the exception."""
+        """Every detector over one window, on one DuckDB connection. A detector that raises (or a plugin
+        that fails check_detector) does not stop the others: it becomes a `detector_error` finding."""
         w = open_window(store, branch, first_step, last_step)
         findings: list[Finding] = []
         try:
-            for name, fn, params in self.resolved():
+            for name in self.detectors:
                 try:
-                    out = fn(Window(w.con, branch, first_step, last_step, dict(params)))
+                    fn, params = self.resolve(name)  # here, so that a plugin that fails to import is one error
+                    win = Window(w.con, branch, first_step, last_step, params)
+                    # A plugin runs under check_detector (STYLE.md 7): twice, with its findings checked. The
+                    # built-ins pass it in tests and run once.
+                    out = check_detector(fn, win) if self.detectors[name].path else fn(win)
                     if not isinstance(out, list) or not all(isinstance(f, Finding) for f in out):
                         raise TypeError(f"returned {type(out).__name__}, not a list of Finding")
                     findings.extend(out)

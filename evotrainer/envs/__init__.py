@@ -18,10 +18,11 @@ def make_domain(cfg: RunConfig) -> Domain:
         from evotrainer.envs.digits import DigitsDomain
 
         return DigitsDomain(seed=cfg.run.seed, num_digits=e.num_digits, train_size=e.train_size,
-                            heldout_size=cfg.eval.heldout_size)
+                            heldout_size=cfg.eval.heldout_size, infra_error_rate=e.infra_error_rate)
     raise ValueError(f"env.domain: unknown domain {e.domain!r}")
 
 
 def domain_key(cfg: RunConfig) -> dict[str, Any]:
     """What a warm-started base depends on in the env config (its cache key)."""
-    return {"env": cfg.env.model_dump(mode="json"), "heldout_size": cfg.eval.heldout_size}
+    # Fields that do not change the demonstrations stay out, so changing them reuses the base.
+    return {"env": cfg.env.model_dump(mode="json", exclude={"infra_error_rate"}), "heldout_size": cfg.eval.heldout_size}

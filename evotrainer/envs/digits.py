@@ -13,14 +13,24 @@ ANSWER_RE = re.compile(r"answer (\d+)\n?")
 
 
 class DigitsEnv:
-    def __init__(self) -> None:
+    def __init__(self, infra_error_rate: float = 0.0) -> None:
         self.secret = ""
+        self.task_id = ""
+        self.calls = 0
+        self.infra_error_rate = infra_error_rate
 
     def reset(self, task: Task) -> str:
         self.secret = task.data["secret"]
+        self.task_id = task.id
+        self.calls = 0
         return task.prompt
 
     def step(self, action: str) -> tuple[str, bool, dict[str, Any]]:
+        self.calls += 1
+        if self.infra_error_rate and self.secret:
+            # A simulated flaky tool backend, seeded by (task, call, action) so runs stay reproducible.
+            if random.Random(f"{self.task_id}:{self.calls}:{action}").random() < self.infra_error_rate:
+                return "", True, {"termination": "error", "tool_error": False}
         action = action.strip()
         if m := ASK_RE.fullmatch(action):
             pos = int(m.group(1))
@@ -36,8 +46,9 @@ class DigitsDomain:
     name = "digits"
     stop = ("\n",)
 
-    def __init__(self, *, seed: int, num_digits: int, train_size: int, heldout_size: int):
+    def __init__(self, *, seed: int, num_digits: int, train_size: int, heldout_size: int, infra_error_rate: float = 0.0):
         self.num_digits = num_digits
+        self.infra_error_rate = infra_error_rate
         space = 9 * 10 ** (num_digits - 1)
         if heldout_size >= space:
             raise ValueError(f"eval.heldout_size={heldout_size} leaves no train numbers among {space} {num_digits}-digit numbers")
@@ -70,7 +81,7 @@ class DigitsDomain:
         return self._splits[split]
 
     def make_env(self) -> DigitsEnv:
-        return DigitsEnv()
+        return DigitsEnv(self.infra_error_rate)
 
     def demonstration(self, task: Task, rng: random.Random) -> list[tuple[str, bool]]:
         """A scripted solver with noise: it sometimes skips a digit and guesses it, sends a malformed

@@ -19,7 +19,7 @@ ROLLOUT_SCHEMA = pa.schema([
     ("id", pa.string()), ("run", pa.string()), ("branch", pa.string()), ("step", pa.int64()),
     ("harness_version", pa.string()), ("task_id", pa.string()), ("split", pa.string()), ("group_id", pa.string()),
     ("difficulty", pa.int32()), ("prompt", pa.string()), ("turns", pa.list_(TURN)), ("num_turns", pa.int32()),
-    ("completion_tokens", pa.int32()), ("termination", pa.string()), ("rewards", pa.map_(pa.string(), pa.float64())),
+    ("completion_tokens", pa.int32()), ("max_action_tokens", pa.int32()), ("termination", pa.string()), ("rewards", pa.map_(pa.string(), pa.float64())),
     ("reward", pa.float64()), ("audit", pa.bool_()), ("info", pa.string()),
     ("gen_seconds", pa.float64()), ("env_seconds", pa.float64()),
 ])

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import torch
+import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -43,12 +44,25 @@ def record_eval(store: RolloutStore, cfg: RunConfig, domain, result: EvalResult,
                              harness_version=h.version, group_size=1, kind="e", audits=audits), f"{ctx.branch}-e{step:06d}")
 
 
+def save_harness(run_dir: Path, harness) -> Path:
+    """Every harness version a run trains under is kept by version: `evotrainer harness show|diff` reads them."""
+    d = run_dir / "harness"
+    d.mkdir(exist_ok=True)
+    path = d / f"{harness.version}.yaml"
+    if not path.exists():
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(harness.model_dump(mode="json"), sort_keys=False))
+        tmp.rename(path)
+    return path
+
+
 def train_run(cfg: RunConfig, console: Console | None = None) -> dict:
     console = console or Console()
     seed_everything(cfg)
     run_dir = Path(cfg.run.out_dir) / cfg.run.name
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
+    save_harness(run_dir, cfg.harness)
     console.print(f"[bold]run[/] {run_dir}  harness {cfg.harness.version}  domain {cfg.env.domain}")
     domain = make_domain(cfg)
     check_terms(cfg.harness, domain)

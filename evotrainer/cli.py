@@ -95,6 +95,36 @@ def rollouts(run: Path = typer.Argument(..., help="Run directory"),
     console.print(table)
 
 
+@app.command()
+def diagnose(run: Path = typer.Argument(..., help="Run directory"),
+             branch: str = typer.Option("main", help="Branch to read"),
+             first: int = typer.Option(1, help="First step of the window"),
+             last: Optional[int] = typer.Option(None, help="Last step of the window (default: the latest)"),
+             as_json: bool = typer.Option(False, "--json", help="JSON lines instead of a table")) -> None:
+    """Run the diagnostic suite over a window of the run's rollouts; findings cite rollout ids."""
+    from evotrainer.diagnostics.suite import Suite
+    from evotrainer.store.rollouts import RolloutStore
+
+    store = RolloutStore(_run_dir(run) / "store")
+    if last is None:
+        last = store.sql("SELECT coalesce(max(step), 0) AS s FROM rollouts WHERE branch = ?", [branch])[0]["s"]
+    suite = Suite.default()
+    findings = suite.run(store, branch, first, last)
+    store.append_findings(findings, suite.version, f"{branch}-{first:06d}-{last:06d}-{suite.version}")
+    if as_json:
+        for f in findings:
+            print(json.dumps({**f.to_record(), "suite_version": suite.version}))
+        return
+    table = Table(title=f"{len(findings)} finding(s), {branch} steps {first}-{last}, suite {suite.version}", show_lines=True)
+    for col in ("finding", "severity", "value", "threshold", "message", "evidence", "knobs"):
+        table.add_column(col, overflow="fold")
+    for f in findings:
+        style = "red" if f.validity or f.severity == "critical" else None
+        table.add_row(f.name, f.severity, f"{f.value:.4g}", f"{f.threshold:.4g}", f.message, "\n".join(f.evidence[:4]),
+                      "\n".join(f.knobs), style=style)
+    console.print(table)
+
+
 harness_app = typer.Typer(no_args_is_help=True, help="Show and compare harness versions.")
 app.add_typer(harness_app, name="harness")
 

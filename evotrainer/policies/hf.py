@@ -124,15 +124,18 @@ class HFPolicy:
                stop: tuple[str, ...] = (), greedy: bool = False, generator: torch.Generator | None = None) -> list[Sample]:
         """All contexts in one batch with a KV cache; rows that finish leave the batch (their cache
         rows are dropped) so the tail of long completions does not pay for finished ones."""
-        was_training = self.model.training
-        self.model.eval()
         n = len(contexts)
-        tokens: list[list[int]] = [[] for _ in range(n)]
-        logps: list[list[float]] = [[] for _ in range(n)]
-        ent = [0.0] * n
-        finish = ["length"] * n
         if n == 0:
             return []
+        was_training = self.model.training
+        self.model.eval()
+        # Per-token results go into preallocated tensors indexed by (original row, step): no Python
+        # work per row per token except the stop-string check on the few candidate rows.
+        tok_buf = torch.full((n, max_new_tokens), -1, dtype=torch.long)
+        lp_buf = torch.zeros((n, max_new_tokens))
+        ent = torch.zeros(n)
+        length = torch.zeros(n, dtype=torch.long)
+        stopped = torch.zeros(n, dtype=torch.bool)
         max_stop = max((len(s) for s in stop), default=0)
         candidates = self._stop_candidates(stop) if stop else None
         ids, mask = left_pad(contexts, self.pad_id)
@@ -146,28 +149,23 @@ class HFPolicy:
             if not greedy and temperature != 1.0:
                 logits = logits / temperature
             logp_all = F.log_softmax(logits, dim=-1)
+            p_all = logp_all.exp()
             if greedy:
                 tok = logits.argmax(-1)
             else:
-                probs = logp_all.exp()
-                if top_p < 1.0:
-                    probs = _top_p(probs, top_p)
-                tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-            chosen = logp_all.gather(-1, tok[:, None]).squeeze(-1)
-            step_ent = -(logp_all.exp() * logp_all).sum(-1)
+                tok = torch.multinomial(_top_p(p_all, top_p) if top_p < 1.0 else p_all, 1, generator=generator).squeeze(-1)
+            tok_buf[rows, t] = tok
+            lp_buf[rows, t] = logp_all.gather(-1, tok[:, None]).squeeze(-1)
+            ent.index_add_(0, rows, -(p_all * logp_all).sum(-1))
+            length[rows] = t + 1
             done = tok == self.eos_id if self.eos_id is not None else torch.zeros_like(tok, dtype=torch.bool)
-            for r, (i, k, lp, e) in enumerate(zip(rows.tolist(), tok.tolist(), chosen.tolist(), step_ent.tolist())):
-                tokens[i].append(k)
-                logps[i].append(lp)
-                ent[i] += e
             if candidates is not None:
                 for r in torch.nonzero(candidates[tok]).flatten().tolist():
                     i = int(rows[r])
-                    tail = self.tokenizer.decode(tokens[i][-max_stop:], skip_special_tokens=True)
-                    if any(s in tail for s in stop):
+                    tail = tok_buf[i, max(0, t + 1 - max_stop):t + 1].tolist()
+                    if any(s in self.tokenizer.decode(tail, skip_special_tokens=True) for s in stop):
                         done[r] = True
-            for r in torch.nonzero(done).flatten().tolist():
-                finish[int(rows[r])] = "stop"
+            stopped[rows[done]] = True
             keep = ~done
             if t == max_new_tokens - 1 or not keep.any():
                 break
@@ -180,8 +178,11 @@ class HFPolicy:
                                 past_key_values=cache, use_cache=True).logits[:, -1].float()
             next_pos = next_pos + 1
         self.model.train(was_training)
+        lengths = length.tolist()
+        tokens = [row[:k] for row, k in zip(tok_buf.tolist(), lengths)]
+        logps = [row[:k] for row, k in zip(lp_buf.tolist(), lengths)]
         texts = self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
-        return [Sample(tokens[i], logps[i], ent[i], texts[i], finish[i]) for i in range(n)]
+        return [Sample(tokens[i], logps[i], float(ent[i]), texts[i], "stop" if stopped[i] else "length") for i in range(n)]
 
     @torch.no_grad()
     def logprobs(self, sequences: list[list[int]], temperature: float = 1.0) -> list[list[float]]:

@@ -25,6 +25,13 @@ ROLLOUT_SCHEMA = pa.schema([
 ])
 METRIC_SCHEMA = pa.schema([("run", pa.string()), ("branch", pa.string()), ("step", pa.int64()),
                            ("name", pa.string()), ("value", pa.float64())])
+# Findings are evidence too: every diagnosis is kept with the suite version that made it, so a revised
+# suite can be backtested against the decisions the old one supported.
+FINDING_SCHEMA = pa.schema([
+    ("suite_version", pa.string()), ("branch", pa.string()), ("first_step", pa.int64()), ("last_step", pa.int64()),
+    ("name", pa.string()), ("severity", pa.string()), ("value", pa.float64()), ("threshold", pa.float64()),
+    ("evidence", pa.list_(pa.string())), ("knobs", pa.list_(pa.string())), ("message", pa.string()), ("validity", pa.bool_()),
+])
 
 
 def atomic_write_parquet(table: pa.Table, path: Path) -> None:
@@ -47,7 +54,8 @@ class RolloutStore:
         self.root = Path(root)
         self.rollout_dir = self.root / "rollouts"
         self.metric_dir = self.root / "metrics"
-        for d in (self.rollout_dir, self.metric_dir):
+        self.finding_dir = self.root / "findings"
+        for d in (self.rollout_dir, self.metric_dir, self.finding_dir):
             d.mkdir(parents=True, exist_ok=True)
             _remove_orphans(d)
 
@@ -68,11 +76,20 @@ class RolloutStore:
         atomic_write_parquet(pa.Table.from_pylist(rows, schema=METRIC_SCHEMA), path)
         return path
 
+    def append_findings(self, findings: Iterable[Any], suite_version: str, shard: str) -> Path:
+        """Findings of one diagnosis (a window under one suite version); the shard name identifies it,
+        so diagnosing the same window again with the same suite replaces rather than duplicates."""
+        rows = [{**f.to_record(), "suite_version": suite_version} for f in findings]
+        path = self.finding_dir / f"{shard}.parquet"
+        atomic_write_parquet(pa.Table.from_pylist(rows, schema=FINDING_SCHEMA), path)
+        return path
+
     # -- reading ---------------------------------------------------------------------------------
     def connect(self) -> duckdb.DuckDBPyConnection:
         """An in-memory DuckDB with views `rollouts` and `metrics` over the shards (read in place)."""
         con = duckdb.connect(":memory:")
-        for view, d, schema in (("rollouts", self.rollout_dir, ROLLOUT_SCHEMA), ("metrics", self.metric_dir, METRIC_SCHEMA)):
+        for view, d, schema in (("rollouts", self.rollout_dir, ROLLOUT_SCHEMA), ("metrics", self.metric_dir, METRIC_SCHEMA),
+                                ("findings", self.finding_dir, FINDING_SCHEMA)):
             if any(d.glob("*.parquet")):
                 con.execute(f"CREATE VIEW {view} AS SELECT * FROM read_parquet('{d.as_posix()}/*.parquet', union_by_name=true)")
             else:

@@ -1,0 +1,64 @@
+"""Replay backtest throughput: rollouts re-scored per second under a reward-reweighting intervention,
+(a) end to end from a store of Parquet shards (DuckDB scan + re-score + report) and (b) the re-score
+alone on columns already in memory. Uses the synthetic store of suite_scale.py.
+
+    .venv/bin/python benchmarks/replay.py [--steps 1000] [--per-step 256] [--root DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from suite_scale import write_store  # noqa: E402
+
+from evotrainer.backtest.replay import load_columns, replay  # noqa: E402
+from evotrainer.harness.harness import Harness  # noqa: E402
+from evotrainer.harness.interventions import Intervention  # noqa: E402
+from evotrainer.store.rollouts import RolloutStore  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--per-step", type=int, default=256)
+    ap.add_argument("--root", type=Path, default=None)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    root = args.root or Path(tempfile.mkdtemp(prefix="evotrainer-replay-"))
+    t0 = time.perf_counter()
+    write_store(root, args.steps, args.per_step)
+    print(f"store: {args.steps * args.per_step:,} rollouts in {args.steps} shards at {root} ({time.perf_counter() - t0:.1f}s to write)")
+    store = RolloutStore(root)
+    old = Harness(reward_weights={"correct": 1.0, "format": 0.1}, sampling={"num_generations": 8})
+    iv = Intervention(kind="set_reward_weight", target="reward_weights.format", value=0.5,
+                      hypothesis={"finding": "reward_hacking", "signal": "reward_audit_auc", "direction": "up"}).bind(old)
+    end_to_end, compute = [], []
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        cols = load_columns(store, ["correct", "format"])
+        flagged = ~np.isnan(cols.audit) & (cols.audit == 0) & (cols.reward > 0)
+        t1 = time.perf_counter()
+        report = replay(old, iv, cols, flagged)
+        t2 = time.perf_counter()
+        end_to_end.append(len(cols) / (t2 - t0))
+        compute.append(len(cols) / (t2 - t1))
+    n = len(cols)
+    print(f"replayed {n:,} rollouts ({report.groups:,} groups); sign flips {report.frac_advantage_sign_flipped:.3f}, "
+          f"AUC {report.reward_audit_auc_before:.3f} -> {report.reward_audit_auc_after:.3f}")
+    print(f"| replay of `{iv.describe()}` | median of {args.repeats} |")
+    print("|---|---|")
+    print(f"| end to end (DuckDB scan of {args.steps} shards + re-score + report) | {statistics.median(end_to_end):,.0f} rollouts/s |")
+    print(f"| re-score + report on loaded columns | {statistics.median(compute):,.0f} rollouts/s |")
+
+
+if __name__ == "__main__":
+    main()

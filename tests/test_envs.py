@@ -71,7 +71,7 @@ def test_digits_env_turns_and_errors(tmp_path):
     assert done and d.audit(task, [], info)
 
 
-def test_digits_demonstrations_are_noisy_but_mostly_right(tmp_path):
+def test_digits_demonstrations_are_noisy(tmp_path):
     d = make_domain(small_config(tmp_path, "digits"))
     rng = random.Random(0)
     ok = errors = 0
@@ -81,7 +81,7 @@ def test_digits_demonstrations_are_noisy_but_mostly_right(tmp_path):
         final = demo[-1][0]
         ok += final.strip() == f"answer {task.data['secret']}"
         errors += any(text.startswith("error") for text, is_action in demo if not is_action)
-    assert 0.5 < ok / len(tasks) < 0.95 and errors > 0
+    assert 0.3 < ok / len(tasks) < 0.7 and errors > 0
 
 
 def test_runner_turn_cap_and_tool_error_policies(digits_setup):

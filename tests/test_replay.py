@@ -81,3 +81,21 @@ def test_backtest_cli(run, tmp_path):
                          capture_output=True, text=True)
     assert out.returncode == 3 and "needs a trial" in out.stderr and "Traceback" not in out.stderr
     assert (run_dir / "harness" / f"{cfg.harness.version}.yaml").exists()
+
+
+def test_diagnose_cli_stores_findings(run):
+    cfg, run_dir = run
+    out = subprocess.run([sys.executable, "-m", "evotrainer.cli", "diagnose", str(run_dir), "--json"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    findings = [json.loads(x) for x in out.stdout.splitlines()]
+    store = RolloutStore(run_dir / "store")
+    stored = store.sql("SELECT name, evidence, suite_version FROM findings ORDER BY name")
+    assert sorted(f["name"] for f in findings) == [r["name"] for r in stored]
+    ids = {r["id"] for r in store.sql("SELECT id FROM rollouts")}
+    for f in findings:
+        assert set(f["evidence"]) <= ids and f["first_step"] == 1 and f["last_step"] == 4
+    # Diagnosing the same window again replaces its record instead of duplicating it.
+    again = subprocess.run([sys.executable, "-m", "evotrainer.cli", "diagnose", str(run_dir)], capture_output=True, text=True,
+                           env={**__import__("os").environ, "COLUMNS": "200"})
+    assert again.returncode == 0 and "finding(s), main steps 1-4" in again.stdout
+    assert store.sql("SELECT count(*) AS n FROM findings")[0]["n"] == len(stored)

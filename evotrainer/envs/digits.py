@@ -84,19 +84,23 @@ class DigitsDomain:
         return DigitsEnv(self.infra_error_rate)
 
     def demonstration(self, task: Task, rng: random.Random) -> list[tuple[str, bool]]:
-        """A scripted solver with noise: it sometimes skips a digit and guesses it, sends a malformed
-        command, or asks a position twice, so that RL has something to improve."""
+        """A scripted solver with noise. Half the time it answers before asking the last digit and
+        guesses it, so a warm-started policy's most likely move is to answer too early: RL has to
+        learn to gather every digit first. It also skips another digit, sends a malformed command,
+        or asks a position twice now and then."""
         secret = task.data["secret"]
         env = DigitsEnv()
         segments: list[tuple[str, bool]] = [(env.reset(task), False)]
-        known = {}
+        known: dict[int, str] = {}
         positions = list(range(1, len(secret) + 1))
         roll = rng.random()
-        if roll < 0.35:  # skip one position and guess it
+        if roll < 0.5:  # answers early: the last digit is guessed
+            positions.pop()
+        elif roll < 0.65:  # skips one other position and guesses it
             positions.remove(rng.choice(positions))
-        elif roll < 0.5:  # a malformed command first
+        elif roll < 0.75:  # a malformed command first
             segments += self._act(env, rng.choice(["tell 1\n", "ask\n", "answer\n", "ask one\n"]), known)
-        elif roll < 0.6:  # asks one position twice
+        elif roll < 0.85:  # asks one position twice
             positions.insert(rng.randrange(len(positions)), rng.choice(positions))
         for pos in positions:
             segments += self._act(env, f"ask {pos}\n", known)

@@ -21,7 +21,7 @@ from evotrainer.envs.env import Domain
 from evotrainer.policies.hf import HFPolicy, sequence_logprobs
 
 # Bump when the recipe's code changes meaning, so old cached bases are not reused.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 
 

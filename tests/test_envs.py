@@ -113,3 +113,12 @@ def test_runner_turn_cap_and_tool_error_policies(digits_setup):
     # Observations are context, not actions: the action mask covers exactly the sampled tokens.
     for ep in fb:
         assert sum(ep.is_action) == sum(t.tokens for t in ep.turns) == len(ep.sampled_logprobs)
+
+
+def test_math_verify_scorer_for_free_form_answers(tmp_path):
+    cfg = small_config(tmp_path, env={"scorer": "math_verify"})
+    d = make_domain(cfg)
+    task = d.tasks("train")[0]
+    gold = task.data["answer"]
+    assert d.score(task, gold) == 1.0 and d.score(task, f"{gold}.0") == 1.0
+    assert d.score(task, str(int(gold) + 1)) == 0.0 and d.score(task, "not a number") == 0.0

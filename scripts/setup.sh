@@ -6,10 +6,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 TORCH=${EVOTRAINER_TORCH:-torch==2.13.0}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -m pip install -q "$TORCH" 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -c "import torch" || { echo "torch did not install; set EVOTRAINER_TORCH to a pip requirement that fits this machine" >&2; exit 1; }
 extras=${1:-}
-.venv/bin/python -m pip install -q -e ".${extras:+[$extras]}" 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -c "import evotrainer" || { echo "evotrainer did not install" >&2; exit 1; }
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+log=.venv/setup.log
+# pip's output goes to a log that is shown only when a step fails.
+pip_install() {
+  if ! .venv/bin/python -m pip install -q "$@" >"$log" 2>&1; then
+    cat "$log" >&2
+    echo "setup: 'pip install $*' failed (full log above)" >&2
+    exit 1
+  fi
+}
+echo "setup: installing $TORCH, then evotrainer${extras:+[$extras]} into .venv"
+pip_install --upgrade pip
+pip_install "$TORCH"
+pip_install -e ".${extras:+[$extras]}"
+.venv/bin/python -W ignore -c "import torch, evotrainer" || { echo "setup: evotrainer does not import" >&2; exit 1; }

@@ -1,5 +1,5 @@
-"""The diagnostic suite: which detectors run with which parameters, its content-hash version, the
-window it reads (DuckDB views over the store) and check_detector, which every detector must pass."""
+"""The diagnostic suite: which detectors run with which parameters (built-in, plugin or induced rule),
+its content-hash version, the window it reads (DuckDB views over the store) and check_detector."""
 from __future__ import annotations
 
 import hashlib
@@ -9,11 +9,12 @@ import json
 import math
 import re
 from pathlib import Path
+from types import ModuleType
 import duckdb
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from evotrainer.diagnostics import builtin, validity
+from evotrainer.diagnostics import builtin, rules, validity
 from evotrainer.diagnostics.builtin import MAX_EVIDENCE
 from evotrainer.diagnostics.detector import Detector, Finding, Window
 from evotrainer.store.rollouts import METRIC_SCHEMA, ROLLOUT_SCHEMA, RolloutStore
@@ -48,6 +49,8 @@ class DetectorSpec(BaseModel):
     """Parameters; for a built-in, the ones given override its defaults."""
     path: str | None = None
     """`module:function` of a detector that is not built in; None: BUILTIN entry of the same name."""
+    rule: rules.Rule | None = None
+    """An induced detector (diagnostics/rules.py): data, not code; its params are rules.RULE_DEFAULTS."""
 
 
 class Suite(BaseModel):
@@ -63,6 +66,13 @@ class Suite(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> "Suite":
         for name, spec in self.detectors.items():
+            if spec.rule is not None:
+                if spec.path is not None or name in BUILTIN:
+                    raise ValueError(f"detector {name!r}: a rule detector has no path and cannot take a built-in's name")
+                unknown = sorted(set(spec.params) - set(rules.RULE_DEFAULTS))
+                if unknown:
+                    raise ValueError(f"detector {name!r}: unknown parameter(s) {unknown}; known: {sorted(rules.RULE_DEFAULTS)}")
+                continue
             if spec.path is None and name not in BUILTIN:
                 raise ValueError(f"detector {name!r} is not built in ({', '.join(BUILTIN)}); give its path as module:function")
             if spec.path is None and set(spec.params) - set(BUILTIN[name][1]):
@@ -77,6 +87,8 @@ class Suite(BaseModel):
     def resolve(self, name: str) -> tuple[Detector, dict[str, float]]:
         """One detector's function and full parameters."""
         spec = self.detectors[name]
+        if spec.rule is not None:
+            return rules.detector(spec.rule, name), {**rules.RULE_DEFAULTS, **spec.params}
         if spec.path is None:
             fn, defaults = BUILTIN[name]
             return fn, {**defaults, **spec.params}
@@ -92,9 +104,22 @@ class Suite(BaseModel):
         new = {**self.detectors, name: spec.model_copy(update={"params": {**spec.params, **params}})}
         return Suite(detectors=new, parent=self.version)
 
+    def with_detector(self, name: str, spec: DetectorSpec) -> "Suite":
+        """A revision with one detector added (an induced rule, a plugin); its parent is this suite."""
+        if name in self.detectors:
+            raise ValueError(f"detector {name!r} is already in suite {self.version}")
+        return Suite(detectors={**self.detectors, name: spec}, parent=self.version)
+
     def canonical(self) -> str:
-        body = {name: {"params": params, "path": self.detectors[name].path, "source": _source_hash(fn)}
-                for name, fn, params in self.resolved()}
+        body = {}
+        for name, fn, params in self.resolved():
+            spec = self.detectors[name]
+            # A rule's meaning is its data plus the code that turns any rule into SQL and findings: hash
+            # the rule and the rules module. The "rule" key is added only for rule detectors, so the
+            # versions of existing suites do not move.
+            body[name] = {"params": params, "path": spec.path, "source": _source_hash(rules if spec.rule else fn)}
+            if spec.rule is not None:
+                body[name]["rule"] = spec.rule.model_dump(mode="json")
         return json.dumps(body, sort_keys=True, separators=(",", ":"))
 
     @property
@@ -138,7 +163,7 @@ def load_detector(path: str) -> Detector:
     return fn
 
 
-def _source_hash(fn: Detector) -> str:
+def _source_hash(fn: Detector | ModuleType) -> str:
     try:
         src = inspect.getsource(fn)
     except (OSError, TypeError):  # defined in a REPL or built dynamically: hash its bytecode instead

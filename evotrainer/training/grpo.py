@@ -105,11 +105,15 @@ class GRPOTrainer:
                 a = adv[idx][:, None]
                 logp, _ = sequence_logprobs(model, ids, mask, temp)
                 old_lp = logp.detach() if old is None else old
-                ratio = torch.exp(logp - old_lp)
+                # Prompt and observation positions are zeroed before exp(), not multiplied by the mask
+                # after: an infinite log-ratio or KL there would make inf * 0 = NaN in the loss or in
+                # exp()'s backward, poisoning an otherwise finite step.
+                ratio = torch.exp((logp - old_lp).masked_fill(~amask, 0.0))
                 per_tok = -torch.min(ratio * a, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * a)
                 m = amask.float()
                 if ref is not None:
-                    kl = torch.exp(ref - logp) - (ref - logp) - 1
+                    log_r = (ref - logp).masked_fill(~amask, 0.0)
+                    kl = torch.exp(log_r) - log_r - 1
                     per_tok = per_tok + L.beta * kl
                     if it == 0:  # KL of the policy that sampled to the reference, as TRL logs it
                         stats["kl"] += (kl.detach() * m).sum().item()

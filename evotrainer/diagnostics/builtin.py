@@ -69,15 +69,16 @@ def zero_variance_groups(w: Window) -> list[Finding]:
     share (TRL's `frac_reward_zero_std`) means the tasks are all solved or all hopeless at this
     group size and temperature. Compared with a threshold, not == 0, so float noise cannot hide it."""
     p = w.params
+    # A group of one counts as dead: it has no spread by construction (num_generations = 1).
     total, dead, dead_mean = w.con.execute(
         "SELECT count(*), count(*) FILTER (WHERE sd < ?), avg(mu) FILTER (WHERE sd < ?) FROM "
         "(SELECT group_id, stddev_pop(reward) AS sd, avg(reward) AS mu FROM rollout_stats "
-        " GROUP BY group_id HAVING count(*) > 1)", [p["std_threshold"]] * 2).fetchone()
+        " GROUP BY group_id)", [p["std_threshold"]] * 2).fetchone()
     if not total or dead / total <= p["max_fraction"]:
         return []
     share = dead / total
     # One rollout from each of the latest dead groups: eight groups say more than one group eight times.
-    ev = ids(w, "SELECT min(id) FROM rollout_stats GROUP BY group_id HAVING count(*) > 1 AND stddev_pop(reward) < ? "
+    ev = ids(w, "SELECT min(id) FROM rollout_stats GROUP BY group_id HAVING stddev_pop(reward) < ? "
                 "ORDER BY max(step) DESC, group_id", [p["std_threshold"]])
     return [finding(w, "zero_variance_groups", "critical" if share >= 0.95 else "warning", share, p["max_fraction"], ev,
                     ("sampling.num_generations", "sampling.temperature", "filters.zero_std_threshold", "curriculum.levels"),
@@ -247,19 +248,22 @@ def entropy_explosion(w: Window) -> list[Finding]:
 def kl_spike(w: Window) -> list[Finding]:
     """A step whose KL, clipped-ratio share or grad norm jumps to many times its window median (and
     past an absolute floor): the update moved the policy too far at once; often the start of a
-    collapse or of reward hacking."""
+    collapse or of reward hacking. Grad norms are noisier than KL (an lr = 0 run, whose policy cannot
+    move, shows single steps at 6x the median), so they need a larger factor of their own."""
     p = w.params
-    floors = [p["spike_factor"], p["kl_floor"], p["clip_floor"], p["grad_norm_floor"]]
+    limit = [p["grad_spike_factor"], p["spike_factor"], p["kl_floor"], p["clip_floor"], p["grad_norm_floor"]]
     spikes = w.rows(
         "WITH s AS (SELECT step, CASE WHEN name LIKE 'clip_ratio/%' THEN 'clip_ratio' ELSE name END AS sig, sum(value) AS v "
         "  FROM metrics WHERE name IN ('kl', 'grad_norm', 'clip_ratio/low_mean', 'clip_ratio/high_mean') AND isfinite(value) "
         "  GROUP BY ALL), "
         "m AS (SELECT sig, median(v) AS med, count(*) AS n FROM s GROUP BY sig) "
-        "SELECT s.sig, s.step, s.v, m.med, greatest(? * m.med, CASE s.sig WHEN 'kl' THEN ? WHEN 'clip_ratio' THEN ? ELSE ? END) "
+        "SELECT s.sig, s.step, s.v, m.med, greatest(CASE s.sig WHEN 'grad_norm' THEN ? ELSE ? END * m.med, "
+        "  CASE s.sig WHEN 'kl' THEN ? WHEN 'clip_ratio' THEN ? ELSE ? END) "
         "  AS limit_ FROM s JOIN m USING (sig) WHERE m.n >= ? "
-        "  AND s.v > greatest(? * m.med, CASE s.sig WHEN 'kl' THEN ? WHEN 'clip_ratio' THEN ? ELSE ? END) "
+        "  AND s.v > greatest(CASE s.sig WHEN 'grad_norm' THEN ? ELSE ? END * m.med, "
+        "  CASE s.sig WHEN 'kl' THEN ? WHEN 'clip_ratio' THEN ? ELSE ? END) "
         "ORDER BY s.v / limit_ DESC, s.step, s.sig",
-        [*floors, p["min_steps"], *floors])
+        [*limit, p["min_steps"], *limit])
     if not spikes:
         return []
     top = spikes[0]

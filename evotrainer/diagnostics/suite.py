@@ -31,7 +31,7 @@ BUILTIN: dict[str, tuple[Detector, dict[str, float]]] = {
     "reward_hacking": (validity.reward_hacking, {"min_rise": 0.1, "max_audit_rise": 0.02, "min_audited": 10}),
     "repetition": (builtin.repetition, {"min_repeats": 4, "min_dup_fraction": 0.5, "max_compression": 0.1,
                                         "max_fraction": 0.1, "sample_size": 2000}),
-    "kl_spike": (builtin.kl_spike, {"spike_factor": 5.0, "kl_floor": 0.05, "clip_floor": 0.05, "grad_norm_floor": 0.1,
+    "kl_spike": (builtin.kl_spike, {"spike_factor": 5.0, "grad_spike_factor": 10.0, "kl_floor": 0.05, "clip_floor": 0.05, "grad_norm_floor": 0.1,
                                     "min_steps": 5}),
     "nonfinite": (builtin.nonfinite, {}),
     "tool_errors": (validity.tool_errors, {"max_error_fraction": 0.2, "max_turn_cap_fraction": 0.2}),

@@ -14,7 +14,7 @@ from evotrainer.config import ConfigError, load_config
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="RL post-training whose harness evolves with the policy.")
 console = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # error messages stay whole lines, easy to copy and grep
 
 
 class UserError(Exception):
@@ -199,7 +199,7 @@ def backtest(run: Path = typer.Argument(..., help="Run directory"),
              flag: str = typer.Option("audit = false AND reward > 0", help="SQL predicate of flagged rollouts"),
              as_json: bool = typer.Option(False, "--json")) -> None:
     """Replay retained rollouts under the harness with the intervention applied (no training)."""
-    from evotrainer.backtest.replay import load_columns, replay
+    from evotrainer.backtest.replay import NotReplayable, load_columns, replay
     from evotrainer.harness.interventions import InterventionError, load_intervention
     from evotrainer.store.rollouts import RolloutStore
 
@@ -213,7 +213,11 @@ def backtest(run: Path = typer.Argument(..., help="Run directory"),
     terms = sorted(set(old.reward_weights) | set(new.reward_weights))
     cols = load_columns(store, terms, where)
     flagged = {r["id"] for r in store.sql(f"SELECT id FROM rollouts WHERE ({where}) AND ({flag})")}
-    report = replay(old, iv, cols, flagged).to_dict()
+    try:
+        report = replay(old, iv, cols, flagged).to_dict()
+    except NotReplayable as e:
+        err.print(f"[yellow]not replayable:[/] {e}")
+        raise SystemExit(3) from None
     if as_json:
         print(json.dumps(report))
         return
@@ -232,11 +236,6 @@ def main() -> None:
     except (ConfigError, UserError) as e:
         err.print(f"[red]error:[/] {e}")
         raise SystemExit(2)
-    except ValueError as e:  # configuration that only the domain or harness can check
-        from evotrainer.backtest.replay import NotReplayable
-
-        err.print(f"[red]error:[/] {e}")
-        raise SystemExit(2 if not isinstance(e, NotReplayable) else 3)
     except (typer.Exit, SystemExit) as e:
         raise SystemExit(getattr(e, "exit_code", getattr(e, "code", 0)))
     except Exception as e:

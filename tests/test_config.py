@@ -56,3 +56,11 @@ def test_harness_version_is_content_hash_plus_parent():
     assert a.version == b.version
     assert Harness(loss={"beta": 0.01}).version != a.version
     assert Harness(parent=a.version).version != a.version
+
+
+def test_domain_mistake_writes_no_run_directory(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text(f"run: {{out_dir: {tmp_path / 'runs'}}}\nenv:\n  datasets: [{{name: no_such_dataset}}]\n")
+    out = run_cli("train", str(f))
+    assert out.returncode == 2 and "env.datasets[0]" in out.stderr and "no_such_dataset" in out.stderr
+    assert not (tmp_path / "runs").exists()

@@ -3,11 +3,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from evotrainer.config import RunConfig
+from evotrainer.config import ConfigError, RunConfig
 from evotrainer.envs.env import Domain
 
 
 def make_domain(cfg: RunConfig) -> Domain:
+    """The configured domain; a setting the domain cannot honour is a ConfigError naming the field."""
+    try:
+        return _make_domain(cfg)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def _make_domain(cfg: RunConfig) -> Domain:
     e = cfg.env
     if e.domain == "math":
         from evotrainer.envs.math import MathDomain

@@ -7,12 +7,13 @@ from typing import Any
 
 import numpy as np
 
+from evotrainer.config import ConfigError
 from evotrainer.envs.env import Domain
 from evotrainer.harness.harness import Harness
 from evotrainer.types import Task, Turn
 
 
-class HarnessError(ValueError):
+class HarnessError(ConfigError):
     """A harness that does not fit the domain (for example a reward term the domain lacks)."""
 
 

@@ -1,7 +1,7 @@
 """Policies: the contract in policy.py, Hugging Face models in hf.py, the embedded tiny default in tiny.py."""
 from __future__ import annotations
 
-from evotrainer.config import RunConfig
+from evotrainer.config import ConfigError, RunConfig
 from evotrainer.envs.env import Domain
 from evotrainer.policies.hf import HFPolicy
 
@@ -11,8 +11,11 @@ def load_policy(cfg: RunConfig, domain: Domain, progress=None, log=print) -> HFP
     p = cfg.policy
     if p.kind == "hf":
         if p.path is None:
-            raise ValueError("policy.path: required when policy.kind is 'hf' (a local model directory)")
-        return HFPolicy.load(p.path, lora_rank=p.lora_rank)
+            raise ConfigError("policy.path: required when policy.kind is 'hf' (a local model directory)")
+        try:
+            return HFPolicy.load(p.path, lora_rank=p.lora_rank)
+        except FileNotFoundError as e:
+            raise ConfigError(str(e)) from None
     from evotrainer.envs import domain_key
     from evotrainer.policies.tiny import tiny_base
 

@@ -59,13 +59,14 @@ def save_harness(run_dir: Path, harness) -> Path:
 def train_run(cfg: RunConfig, console: Console | None = None) -> dict:
     console = console or Console()
     seed_everything(cfg)
+    # Everything the config can get wrong is checked before the run directory is written.
+    domain = make_domain(cfg)
+    check_terms(cfg.harness, domain)
     run_dir = Path(cfg.run.out_dir) / cfg.run.name
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     save_harness(run_dir, cfg.harness)
     console.print(f"[bold]run[/] {run_dir}  harness {cfg.harness.version}  domain {cfg.env.domain}")
-    domain = make_domain(cfg)
-    check_terms(cfg.harness, domain)
     store = RolloutStore(run_dir / "store")
     ctx = StepContext(run=cfg.run.name, branch=BRANCH, seed=cfg.run.seed)
     heldout, pool = domain.tasks("heldout"), domain.tasks("train")

@@ -110,7 +110,7 @@ def diagnose(run: Path = typer.Argument(..., help="Run directory"),
         last = store.sql("SELECT coalesce(max(step), 0) AS s FROM rollouts WHERE branch = ?", [branch])[0]["s"]
     suite = Suite.default()
     findings = suite.run(store, branch, first, last)
-    store.append_findings(findings, suite.version, f"{branch}-{first:06d}-{last:06d}-{suite.version}")
+    store.append_findings(findings, suite.version, f"{branch}-{first:06d}-{last:06d}-{suite.version}", branch, first, last)
     if as_json:
         for f in findings:
             print(json.dumps({**f.to_record(), "suite_version": suite.version}))

@@ -79,7 +79,7 @@ def test_induction_finds_the_planted_exploit(planted):
     assert bad >= 50 and good >= 20, (bad, good)  # the loophole pays for answers the audit rejects
     old = Suite()
     # The old suite's diagnosis of the run is on record, and a past gate promoted the branch anyway.
-    store.append_findings(old.run(store, "main", first, last), old.version, f"main-d{first:06d}-{last:06d}")
+    store.append_findings(old.run(store, "main", first, last), old.version, f"main-d{first:06d}-{last:06d}", "main", first, last)
     suite, revisions, ind = revise(old, store, "main", first, last, verdicts=[PastVerdict("main", first, last, "promote")])
 
     assert ind.accepted, ind.to_record()
@@ -225,7 +225,7 @@ def test_backtest_reports_flips_against_findings_and_verdicts(tmp_path):
     old = Suite()
     # Window A: format-paid failures made reward_audit_gap fire; the gate rejected on it.
     write(store, "main", range(6), format_paid)
-    store.append_findings(old.run(store, "main", 0, 5), old.version, "main-d000000-000005")
+    store.append_findings(old.run(store, "main", 0, 5), old.version, "main-d000000-000005", "main", 0, 5)
     # Window B: a rare exploit (stray tags, rewarded, audit fails), under the gap's 10%: old findings
     # are none, and the gate promoted.
     def rare(rng, s, i):
@@ -236,7 +236,7 @@ def test_backtest_reports_flips_against_findings_and_verdicts(tmp_path):
         return {"text": f"<answer>{rng.randrange(19)}</answer>" + rng.choice(["", " ok", " ok.", " fine!!", " so: done."]),
                 "reward": 1.0, "audit": True, "tokens": 6}
     write(store, "cand", range(20), rare, seed=1)
-    store.append_findings(old.run(store, "cand", 0, 19), old.version, "cand-d000000-000019")
+    store.append_findings(old.run(store, "cand", 0, 19), old.version, "cand-d000000-000019", "cand", 0, 19)
     assert not any(f.validity for f in old.run(store, "cand", 0, 19))
     verdicts = [PastVerdict("main", 0, 5, "reject", ("reward_audit_gap",)), PastVerdict("cand", 0, 19, "promote")]
 

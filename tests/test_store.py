@@ -35,6 +35,14 @@ def test_round_trip_and_queries(tmp_path):
     assert r["rewards"] == {"correct": 1.0, "format": 1.0} and r["audit"] is True and r["info"] == {"answer": "2"}
     assert r["turns"][0]["observation"] == "digit 1 is 2\n" and r["num_turns"] == 2 and r["completion_tokens"] == 9
     assert store.metrics("main") == {1: {"reward": 0.5, "entropy": 1.2}}
+    # A clean diagnosis is on record too (a diagnosis row with zero findings).
+    store.append_findings([], "s-x", "main-d000001-000002-s-x", "main", 1, 2)
+    assert store.sql("SELECT count(*) AS n FROM findings")[0]["n"] == 0
+    assert store.sql("SELECT branch, first_step, last_step, findings FROM diagnoses") == [
+        {"branch": "main", "first_step": 1, "last_step": 2, "findings": 0}]
+    from evotrainer.diagnostics.revision import stored_findings
+
+    assert stored_findings(store) == {("s-x", ("main", 1, 2)): []}
     # Re-writing a step's shard replaces it: no duplicated rollouts after a retried step.
     store.append(make_rollouts(2), "main-s000002")
     assert store.count() == 8

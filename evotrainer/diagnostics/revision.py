@@ -149,8 +149,10 @@ WindowKey = tuple[str, int, int]  # (branch, first_step, last_step)
 
 
 def stored_findings(store: RolloutStore) -> dict[tuple[str, WindowKey], list[dict[str, Any]]]:
-    """Stored findings by (suite version, window)."""
+    """Stored findings by (suite version, window); a window diagnosed clean maps to []."""
     out: dict[tuple[str, WindowKey], list[dict[str, Any]]] = {}
+    for r in store.sql("SELECT suite_version, branch, first_step, last_step FROM diagnoses"):
+        out.setdefault((r["suite_version"], (r["branch"], r["first_step"], r["last_step"])), [])
     for r in store.sql("SELECT * FROM findings ORDER BY suite_version, branch, first_step, last_step, name"):
         out.setdefault((r["suite_version"], (r["branch"], r["first_step"], r["last_step"])), []).append(r)
     return out

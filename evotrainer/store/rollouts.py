@@ -32,6 +32,9 @@ FINDING_SCHEMA = pa.schema([
     ("name", pa.string()), ("severity", pa.string()), ("value", pa.float64()), ("threshold", pa.float64()),
     ("evidence", pa.list_(pa.string())), ("knobs", pa.list_(pa.string())), ("message", pa.string()), ("validity", pa.bool_()),
 ])
+# One row per diagnosis, findings or not: a window diagnosed clean is a decision of record too.
+DIAGNOSIS_SCHEMA = pa.schema([("suite_version", pa.string()), ("branch", pa.string()), ("first_step", pa.int64()),
+                              ("last_step", pa.int64()), ("findings", pa.int64())])
 
 
 def atomic_write_parquet(table: pa.Table, path: Path) -> None:
@@ -55,7 +58,8 @@ class RolloutStore:
         self.rollout_dir = self.root / "rollouts"
         self.metric_dir = self.root / "metrics"
         self.finding_dir = self.root / "findings"
-        for d in (self.rollout_dir, self.metric_dir, self.finding_dir):
+        self.diagnosis_dir = self.root / "diagnoses"
+        for d in (self.rollout_dir, self.metric_dir, self.finding_dir, self.diagnosis_dir):
             d.mkdir(parents=True, exist_ok=True)
             _remove_orphans(d)
 
@@ -76,12 +80,17 @@ class RolloutStore:
         atomic_write_parquet(pa.Table.from_pylist(rows, schema=METRIC_SCHEMA), path)
         return path
 
-    def append_findings(self, findings: Iterable[Any], suite_version: str, shard: str) -> Path:
-        """Findings of one diagnosis (a window under one suite version); the shard name identifies it,
-        so diagnosing the same window again with the same suite replaces rather than duplicates."""
+    def append_findings(self, findings: Iterable[Any], suite_version: str, shard: str, branch: str,
+                        first_step: int, last_step: int) -> Path:
+        """Findings of one diagnosis (a window under one suite version), then its diagnosis row, which
+        is written last and so marks the diagnosis complete. The shard name identifies it: diagnosing
+        the same window again with the same suite replaces rather than duplicates."""
         rows = [{**f.to_record(), "suite_version": suite_version} for f in findings]
         path = self.finding_dir / f"{shard}.parquet"
         atomic_write_parquet(pa.Table.from_pylist(rows, schema=FINDING_SCHEMA), path)
+        atomic_write_parquet(pa.Table.from_pylist([{"suite_version": suite_version, "branch": branch, "first_step": first_step,
+                                                    "last_step": last_step, "findings": len(rows)}], schema=DIAGNOSIS_SCHEMA),
+                             self.diagnosis_dir / f"{shard}.parquet")
         return path
 
     # -- reading ---------------------------------------------------------------------------------
@@ -89,7 +98,8 @@ class RolloutStore:
         """An in-memory DuckDB with views `rollouts` and `metrics` over the shards (read in place)."""
         con = duckdb.connect(":memory:")
         for view, d, schema in (("rollouts", self.rollout_dir, ROLLOUT_SCHEMA), ("metrics", self.metric_dir, METRIC_SCHEMA),
-                                ("findings", self.finding_dir, FINDING_SCHEMA)):
+                                ("findings", self.finding_dir, FINDING_SCHEMA),
+                                ("diagnoses", self.diagnosis_dir, DIAGNOSIS_SCHEMA)):
             if any(d.glob("*.parquet")):
                 con.execute(f"CREATE VIEW {view} AS SELECT * FROM read_parquet('{d.as_posix()}/*.parquet', union_by_name=true)")
             else:

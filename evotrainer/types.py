@@ -1,6 +1,7 @@
 """The nouns of DESIGN.md as plain dataclasses: tasks, turns, rollouts, and the termination reasons."""
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -59,11 +60,6 @@ class Rollout:
     env_seconds: float = 0.0
 
     @property
-    def completion(self) -> str:
-        """The trajectory as text: actions and observations in order (prompt excluded)."""
-        return "".join(t.action + t.observation for t in self.turns)
-
-    @property
     def completion_tokens(self) -> int:
         return sum(t.tokens for t in self.turns)
 
@@ -78,6 +74,4 @@ class Rollout:
 
 
 def _json(value: Any) -> str:
-    import json
-
     return json.dumps(value, sort_keys=True, default=str)

@@ -135,3 +135,24 @@ def test_kl_and_clipping_with_reuse(math_setup, tmp_path):
     assert first["clip_ratio/low_mean"] + first["clip_ratio/high_mean"] > 0
     no_kl = GRPOTrainer(base.fork(tmp_path / "q"), Harness()).update(eps, adv, [True] * len(eps))
     assert math.isnan(no_kl["kl"]) and no_kl["clip_ratio/low_mean"] == no_kl["clip_ratio/high_mean"] == 0
+
+
+def test_checkpoint_carries_optimizer_state(math_setup, tmp_path):
+    """A saved trainer checkpoint restores the AdamW moments, so a fork continues the same optimizer."""
+    from evotrainer.policies.hf import HFPolicy
+
+    cfg, domain, base = math_setup
+    eps, rewards = _batch(math_setup)
+    adv = _adv(rewards)
+    trainer = GRPOTrainer(base.fork(tmp_path / "p"), Harness())
+    trainer.update(eps, adv, [True] * len(eps))
+    trainer.save(tmp_path / "ckpt")
+    twin = GRPOTrainer(HFPolicy.load(tmp_path / "ckpt"), Harness())
+    assert not twin.optimizer.state
+    twin.load_optimizer(tmp_path / "ckpt")
+    a, b = trainer.optimizer.state_dict()["state"], twin.optimizer.state_dict()["state"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k]["exp_avg"], b[k]["exp_avg"]) for k in a)
+    # Both continue identically from the same state.
+    trainer.update(eps, adv, [True] * len(eps))
+    twin.update(eps, adv, [True] * len(eps))
+    assert all(torch.equal(p, q) for p, q in zip(trainer.policy.model.parameters(), twin.policy.model.parameters()))

@@ -1,5 +1,5 @@
 """The detector contract: a plain function over a window of rollouts (DuckDB over the store) and step
-metrics that returns findings citing rollout ids; and check_detector, which every detector must pass."""
+metrics that returns findings citing rollout ids."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -36,10 +36,12 @@ class Finding:
 
 @dataclass
 class Window:
-    """What a detector reads. `con` has two views restricted to the window:
-    `rollouts` (schema: store/rollouts.py ROLLOUT_SCHEMA; train split only) and
-    `metrics` (long form: run, branch, step, name, value), plus `heldout` (held-out rollouts of the
-    branch in the window, audited). `params` are the detector's calibrated parameters."""
+    """What a detector reads (built by diagnostics/suite.py open_window). `con` holds, restricted to
+    the window: views `rollouts` (ROLLOUT_SCHEMA, train split) and `heldout` (audited held-out
+    rollouts), the table `metrics` (long form: run, branch, step, name, value), the table
+    `rollout_stats` (the train rollouts without their text: aggregate over this one, it is scanned
+    once) and `shards` (path, step) for reading a few steps' text. `params` are the detector's
+    calibrated parameters. check_detector (suite.py) checks a detector against this contract."""
 
     con: duckdb.DuckDBPyConnection
     branch: str
@@ -55,9 +57,6 @@ class Window:
     def scalar(self, sql: str, args: list[Any] | None = None) -> Any:
         row = self.con.execute(sql, args or []).fetchone()
         return row[0] if row else None
-
-    def metric_series(self, name: str) -> list[tuple[int, float]]:
-        return [(r["step"], r["value"]) for r in self.rows("SELECT step, value FROM metrics WHERE name = ? ORDER BY step", [name])]
 
 
 # A detector: window -> findings. Parameters (thresholds) come in window.params, defaults from the suite.

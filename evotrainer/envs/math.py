@@ -126,12 +126,13 @@ def format_reward(task: Task, turns: list[Turn], info: dict[str, Any]) -> float:
 def _math_verify(gold: str, answer: str) -> float:
     from math_verify import parse, verify
 
-    # math-verify uses signal.alarm for timeouts, which fails off the main thread; disable it there.
+    # math-verify uses signal.alarm for timeouts, which raises off the main thread; off it, run without.
     import threading
 
-    kw = {} if threading.current_thread() is threading.main_thread() else {"parsing_timeout": None}
+    main = threading.current_thread() is threading.main_thread()
+    parse_kw, verify_kw = ({}, {}) if main else ({"parsing_timeout": None}, {"timeout_seconds": None})
     try:
-        ok = verify(parse(gold, **kw), parse(answer, **kw), **({} if not kw else {"timeout_seconds": None}))
+        ok = verify(parse(gold, **parse_kw), parse(answer, **parse_kw), **verify_kw)
     except Exception:
         return 0.0
     return 1.0 if ok else 0.0

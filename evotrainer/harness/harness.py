@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from evotrainer.types import Termination
+
 
 class _Section(BaseModel):
     # Field docstrings become descriptions: the knob registry reads each knob's meaning from them.
@@ -81,7 +83,7 @@ class Filters(_Section):
     zero_std_threshold: float | None = Field(None, ge=0.0)
     """Groups whose reward std is below this are left out of the loss (their rollouts still count in
     metrics); None keeps them. A threshold, not an exact 0, so float noise does not hide dead groups."""
-    mask_terminations: tuple[Literal["stop", "length", "turn_cap", "tool_error", "timeout", "error"], ...] = ()
+    mask_terminations: tuple[Termination, ...] = ()
     """Rollouts that ended for these reasons are masked out of the loss (e.g. infrastructure errors)."""
 
 

@@ -2,6 +2,7 @@
 field's docstring), its names in TRL / verl / OpenRLHF, and whether a replay can evaluate a change."""
 from __future__ import annotations
 
+import functools
 import typing
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -98,8 +99,9 @@ def _type_name(annotation) -> str:
     return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
 
 
-def registry() -> list[Knob]:
-    """All knobs, in the harness's field order."""
+@functools.cache
+def registry() -> tuple[Knob, ...]:
+    """All knobs, in the harness's field order (built once: the harness schema does not change)."""
     out: list[Knob] = []
     defaults = Harness()
     for name, field in Harness.model_fields.items():
@@ -116,7 +118,7 @@ def registry() -> list[Knob]:
                             *MAPPINGS["reward_weights.*"], True))
         else:
             out.append(_knob(name, field, getattr(defaults, name)))
-    return out
+    return tuple(out)
 
 
 def _knob(path: str, field, default: Any) -> Knob:

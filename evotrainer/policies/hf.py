@@ -34,16 +34,13 @@ def positions(mask: torch.Tensor) -> torch.Tensor:
     return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
-def sequence_logprobs(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, temperature: float = 1.0,
-                      with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def sequence_logprobs(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """Logprob of ids[:, 1:] given the prefix: shape [B, T-1]. Differentiable."""
     logits = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=False).logits[:, :-1].float()
     if temperature != 1.0:
         logits = logits / temperature
     logp_all = F.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, ids[:, 1:, None]).squeeze(-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
-    return logp, entropy
+    return logp_all.gather(-1, ids[:, 1:, None]).squeeze(-1)
 
 
 class HFPolicy:
@@ -189,7 +186,7 @@ class HFPolicy:
         was_training = self.model.training
         self.model.eval()
         ids, mask = left_pad(sequences, self.pad_id)
-        lp, _ = sequence_logprobs(self.model, ids, mask, temperature)
+        lp = sequence_logprobs(self.model, ids, mask, temperature)
         self.model.train(was_training)
         width = ids.shape[1]
         return [lp[i, width - len(s):].tolist() for i, s in enumerate(sequences)]

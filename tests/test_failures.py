@@ -158,11 +158,23 @@ EVIDENCE: dict[str, Callable[[dict, Result], bool]] = {
 
 
 # -- the tests ------------------------------------------------------------------------------------------
+# Detectors of the code and SWE domains fire on those domains' rollouts; their domain tests plant the
+# behaviour and check the evidence ids (a math scenario cannot produce a test-file edit).
+DOMAIN_TESTED = {"hardcoded_examples": "test_code_domain.py", "exec_errors": "test_code_domain.py",
+                 "test_tampering": "test_swe_domain.py", "collection_errors": "test_swe_domain.py",
+                 "tests_dropped": "test_swe_domain.py"}
+
+
 def test_scenarios_cover_every_detector():
     # tool_errors reports two findings: `tool_errors` and `turn_cap`.
-    assert {f for s in SCENARIOS.values() for f in s.fires} == set(BUILTIN) | {"turn_cap"}
-    assert set(EVIDENCE) == set(BUILTIN) | {"turn_cap"}
-    assert sorted(p.stem for p in FAILURES.glob("*.yaml")) == sorted([*SCENARIOS, *HEALTHY])
+    general = set(BUILTIN) - set(DOMAIN_TESTED)
+    assert {f for s in SCENARIOS.values() for f in s.fires} == general | {"turn_cap"}
+    assert set(EVIDENCE) == general | {"turn_cap"}
+    assert set(DOMAIN_TESTED) <= set(BUILTIN)
+    for name, test_file in DOMAIN_TESTED.items():
+        assert f'"{name}"' in (Path(__file__).parent / test_file).read_text(), f"{test_file} does not test {name}"
+    # swe_* / code_* scenario files belong to the domain tests above.
+    assert sorted(p.stem for p in FAILURES.glob("*.yaml") if not p.stem.startswith(("swe_", "code_"))) == sorted([*SCENARIOS, *HEALTHY])
 
 
 @pytest.mark.parametrize("name", SCENARIOS)

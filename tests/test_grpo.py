@@ -156,3 +156,26 @@ def test_checkpoint_carries_optimizer_state(math_setup, tmp_path):
     trainer.update(eps, adv, [True] * len(eps))
     twin.update(eps, adv, [True] * len(eps))
     assert all(torch.equal(p, q) for p, q in zip(trainer.policy.model.parameters(), twin.policy.model.parameters()))
+
+
+def test_a_fork_trains_with_its_own_harness_learning_rate(math_setup, tmp_path):
+    """Restoring the parent's optimizer state must not restore the parent's learning rate: a branch
+    whose intervention changes the learning rate trains with the new one (a bug that made every
+    learning-rate trial a copy of its control)."""
+    from evotrainer.policies.hf import HFPolicy
+
+    cfg, domain, base = math_setup
+    eps, rewards = _batch(math_setup)
+    adv = _adv(rewards)
+    parent = GRPOTrainer(base.fork(tmp_path / "p"), Harness(optimizer={"learning_rate": 1e-4}))
+    parent.update(eps, adv, [True] * len(eps))
+    parent.save(tmp_path / "ckpt")
+    child = GRPOTrainer(HFPolicy.load(tmp_path / "ckpt"), Harness(optimizer={"learning_rate": 3e-4, "weight_decay": 0.05}))
+    child.load_optimizer(tmp_path / "ckpt")
+    assert {g["lr"] for g in child.optimizer.param_groups} == {3e-4}
+    assert {g["weight_decay"] for g in child.optimizer.param_groups} == {0.05}
+    twin = GRPOTrainer(HFPolicy.load(tmp_path / "ckpt"), Harness(optimizer={"learning_rate": 1e-4}))
+    twin.load_optimizer(tmp_path / "ckpt")
+    child.update(eps, adv, [True] * len(eps))
+    twin.update(eps, adv, [True] * len(eps))
+    assert any(not torch.equal(p, q) for p, q in zip(child.policy.model.parameters(), twin.policy.model.parameters()))

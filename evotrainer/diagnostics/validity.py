@@ -5,9 +5,13 @@ from __future__ import annotations
 from evotrainer.diagnostics.builtin import finding, ids, thirds
 from evotrainer.diagnostics.detector import Finding, Window
 
-# One row per (rollout, reward term). Terms are the keys of the rewards map, so a term the harness
-# does not weight is still watched: it may be what the policy learned to game.
-_TERMS = "(SELECT id, step, audit, reward, unnest(map_keys(rewards)) AS term, unnest(map_values(rewards)) AS v FROM rollout_stats)"
+# One row per (rollout, reward term), over the terms the harness paid in the window (the step metrics
+# `reward_weights/<term>`): a term with no weight cannot be gamed, it only moves as a side effect (a
+# branch that removed the exploited term still records it). Windows from before those metrics
+# existed watch every recorded term.
+_TERMS = ("(SELECT id, step, audit, reward, term, v FROM (SELECT id, step, audit, reward, unnest(map_keys(rewards)) AS term, "
+          "unnest(map_values(rewards)) AS v FROM rollout_stats) WHERE NOT EXISTS (SELECT 1 FROM metrics WHERE name LIKE 'reward_weights/%') "
+          "OR term IN (SELECT substr(name, 16) FROM metrics WHERE name LIKE 'reward_weights/%' AND value <> 0))")
 
 
 def reward_hacking(w: Window) -> list[Finding]:

@@ -71,6 +71,11 @@ class GRPOTrainer:
         f = Path(path) / "optimizer.pt"
         if f.exists():
             self.optimizer.load_state_dict(torch.load(f, weights_only=True))
+            # load_state_dict also restores the saved param-group settings; the harness owns those
+            # (a forked branch with a new learning rate must train with it, not with its parent's).
+            for g in self.optimizer.param_groups:
+                g["lr"] = self.harness.optimizer.learning_rate
+                g["weight_decay"] = self.harness.optimizer.weight_decay
 
     def update(self, episodes: list[Episode], adv: torch.Tensor, trainable: list[bool]) -> dict[str, float]:
         """One GRPO update (num_iterations optimizer steps) on a sampled batch. `trainable[i]` False

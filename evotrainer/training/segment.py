@@ -115,6 +115,8 @@ def train_step(trainer: GRPOTrainer, domain: Domain, pool: list[Task], ctx: Step
     })
     if audited:
         metrics["audit/pass_rate"] = float(np.mean([audits[i] for i in audited]))
+    for name, weight in h.reward_weights.items():
+        metrics[f"reward_weights/{name}"] = float(weight)  # which terms were paid, for the detectors
     for name in terms[0]:
         vals = np.array([t[name] for t in terms])
         metrics[f"rewards/{name}/mean"] = float(vals.mean())

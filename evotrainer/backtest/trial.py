@@ -1,0 +1,189 @@
+"""Trials: arms (candidate, control, A-A control) forked from one checkpoint, trained for the same steps
+on the same seeds and task order, and evaluated by the evaluator on the same held-out tasks.
+
+An arm is a pure function of its ArmSpec (start checkpoint, harness, seed, steps), so arms can run in
+this process, in worker processes, or on Ray, and a resumed run can skip an arm whose result file
+exists. The executor is the small interface that decides where arms run."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import torch
+
+from evotrainer.config import RunConfig
+from evotrainer.envs import make_domain
+from evotrainer.evaluation import evaluate
+from evotrainer.harness.harness import Harness
+from evotrainer.policies.hf import HFPolicy
+from evotrainer.store.rollouts import RolloutStore
+from evotrainer.training.grpo import GRPOTrainer
+from evotrainer.training.segment import StepContext, train_step
+
+RESULT = "arm.json"
+PASS_RATES = "pass_rates.json"
+
+
+@dataclass(frozen=True)
+class ArmSpec:
+    """Everything an arm needs. `gate_ids`: the held-out tasks the gate compares arms on (None: no
+    evaluation, for the mainline segment)."""
+
+    branch: str
+    role: str  # segment | control | candidate | aa
+    run_dir: str
+    config: dict[str, Any]
+    harness: dict[str, Any]
+    start: str  # checkpoint directory to fork from
+    seed: int
+    first_step: int
+    steps: int
+    gate_ids: tuple[str, ...] | None = None
+
+    @property
+    def checkpoint(self) -> str:
+        return str(Path(self.run_dir) / "checkpoints" / self.branch)
+
+
+@dataclass
+class ArmResult:
+    branch: str
+    role: str
+    checkpoint: str
+    harness_version: str
+    first_step: int
+    last_step: int
+    generated_tokens: int
+    trained_tokens: int
+    seconds: float
+    eval_tokens: int = 0
+    accuracy: float | None = None
+    outcomes: dict[str, bool] = field(default_factory=dict)
+    evaluator_hash: str = ""
+    reward_first: float = 0.0
+    reward_last: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def run_arm(spec: ArmSpec, log: Callable[[str], None] | None = None) -> ArmResult:
+    """Fork the start checkpoint (weights and optimizer state), train, save, evaluate. A finished
+    arm's result file makes this a no-op on resume; an unfinished one is redone from its start (its
+    store shards have deterministic names, so the redo replaces them instead of adding)."""
+    done = Path(spec.checkpoint) / RESULT
+    if done.is_file():
+        return ArmResult(**json.loads(done.read_text()))
+    cfg = RunConfig.model_validate(spec.config)
+    h = Harness.model_validate(spec.harness)
+    torch.set_num_threads(cfg.run.threads)
+    domain = make_domain(cfg)
+    store = RolloutStore(Path(spec.run_dir) / "store")
+    t0 = time.perf_counter()
+    policy = HFPolicy.load(spec.start, lora_rank=cfg.policy.lora_rank)
+    trainer = GRPOTrainer(policy, h)
+    trainer.load_optimizer(spec.start)
+    rates_file = Path(spec.start) / PASS_RATES
+    pass_rates = json.loads(rates_file.read_text()) if rates_file.is_file() else {}
+    ctx = StepContext(run=cfg.run.name, branch=spec.branch, seed=spec.seed)
+    pool = domain.tasks("train")
+    gen = trained = 0
+    rewards = []
+    for step in range(spec.first_step, spec.first_step + spec.steps):
+        m = train_step(trainer, domain, pool, ctx, step, store, cfg.eval.audit_fraction, pass_rates)
+        gen += int(m["tokens_generated"])
+        trained += int(m.get("tokens_trained", 0))
+        rewards.append(m["reward"])
+        if log:
+            log(f"{spec.branch} step {step}: reward {m['reward']:.3f}")
+    trainer.save(spec.checkpoint)
+    _write(Path(spec.checkpoint) / PASS_RATES, pass_rates)
+    result = ArmResult(spec.branch, spec.role, spec.checkpoint, h.version, spec.first_step, spec.first_step + spec.steps - 1,
+                       gen, trained, 0.0, reward_first=_mean(rewards[: max(1, len(rewards) // 3)]),
+                       reward_last=_mean(rewards[-max(1, len(rewards) // 3):]))
+    if spec.gate_ids is not None:
+        from evotrainer.training.run import record_eval  # late: run.py imports the CLI-facing pieces
+
+        by_id = {t.id: t for t in domain.tasks("heldout")}
+        tasks = [by_id[i] for i in spec.gate_ids]
+        ev = evaluate(policy, domain, tasks, cfg.eval)
+        record_eval(store, cfg.model_copy(update={"harness": h}), domain, ev, result.last_step, ctx)
+        result.accuracy, result.outcomes, result.evaluator_hash = ev.accuracy, ev.outcomes, ev.evaluator_hash
+        result.eval_tokens = sum(ep.action_tokens for ep in ev.episodes)
+    result.seconds = time.perf_counter() - t0
+    _write(done, result.to_dict())
+    return result
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def _write(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+Started = Callable[[ArmSpec], None]  # told when an arm starts (for `evotrainer status`)
+
+
+class Executor(Protocol):
+    """Runs arms; returns their results in the order given."""
+
+    def run(self, specs: list[ArmSpec], started: Started | None = None) -> list[ArmResult]: ...
+
+
+class SerialExecutor:
+    """One arm after another in this process (the default: 2-core machines gain nothing from more)."""
+
+    def __init__(self, log: Callable[[str], None] | None = None):
+        self.log = log
+
+    def run(self, specs: list[ArmSpec], started: Started | None = None) -> list[ArmResult]:
+        out = []
+        for s in specs:
+            if started:
+                started(s)
+            out.append(run_arm(s, self.log))
+        return out
+
+
+def _run_in_worker(spec: ArmSpec, threads: int) -> dict[str, Any]:
+    torch.set_num_threads(threads)
+    cfg = dict(spec.config)
+    cfg["run"] = {**cfg["run"], "threads": threads}
+    return run_arm(ArmSpec(**{**asdict(spec), "config": cfg})).to_dict()
+
+
+class ProcessExecutor:
+    """Arms in parallel worker processes (spawned: no fork of a process that holds torch threads).
+    Each worker gets an equal share of the configured threads. A worker that dies takes its arm with
+    it: the error is raised here and the stage is redone on resume. Ray can implement the same
+    interface by submitting _run_in_worker as a remote task."""
+
+    def __init__(self, workers: int, threads: int):
+        self.workers = workers
+        self.threads = max(1, threads // workers)
+
+    def run(self, specs: list[ArmSpec], started: Started | None = None) -> list[ArmResult]:
+        for s in specs if started else ():
+            started(s)
+        with ProcessPoolExecutor(max_workers=self.workers, mp_context=get_context("spawn")) as pool:
+            futures = [pool.submit(_run_in_worker, s, self.threads) for s in specs]
+            return [ArmResult(**f.result()) for f in futures]
+
+
+def make_executor(cfg: RunConfig, log: Callable[[str], None] | None = None) -> Executor:
+    if cfg.loop.executor == "process":
+        return ProcessExecutor(cfg.loop.workers, cfg.run.threads)
+    return SerialExecutor(log)

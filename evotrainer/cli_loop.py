@@ -1,0 +1,146 @@
+"""The loop's commands: `run`, `resume`, `status`, `report`, and `skills list|show|export|import`."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.live import Live
+from rich.table import Table
+
+from evotrainer.cli import UserError, _overrides, app, console
+from evotrainer.config import load_config
+
+skills_app = typer.Typer(no_args_is_help=True, help="The skill library shared across runs.")
+app.add_typer(skills_app, name="skills")
+
+
+def _loop_dir(run: Path) -> Path:
+    if not (run / "ledger.sqlite").exists():
+        raise UserError(f"{run}: not a loop run directory (no ledger.sqlite); pass the directory `evotrainer run` created, e.g. runs/NAME")
+    return run
+
+
+@app.command()
+def run(config: Path = typer.Argument(..., help="YAML run config"),
+        set_: list[str] = typer.Option([], "--set", help="Override a field, e.g. --set budget.seconds=600")) -> None:
+    """Run the co-evolution loop (train, diagnose, revise, propose, replay, trial, gate, promote, remember)
+    until the budget is spent."""
+    from evotrainer.loop import run_loop
+
+    run_loop(load_config(config, _overrides(set_)), console)
+
+
+@app.command()
+def resume(run: Path = typer.Argument(..., help="Run directory of a loop run")) -> None:
+    """Continue a loop run that was stopped or killed, from its first unfinished stage."""
+    from evotrainer.loop import run_loop
+
+    cfg = load_config(_loop_dir(run) / "config.yaml")
+    run_loop(cfg.model_copy(update={"run": cfg.run.model_copy(update={"out_dir": run.parent, "name": run.name})}),
+             console, resume=True)
+
+
+def _status_table(run: Path) -> Table:
+    from evotrainer.store.ledger import Ledger
+
+    ledger = Ledger(run / "ledger.sqlite")
+    try:
+        cfg = load_config(run / "config.yaml")
+        st = ledger.status() or {}
+        spent = ledger.spent()
+        last = ledger.rows("SELECT round, stage FROM stages ORDER BY finished DESC LIMIT 1")
+        heads = ledger.rows("SELECT result FROM stages WHERE stage = 'promote' ORDER BY round DESC LIMIT 1")
+        head = json.loads(heads[0]["result"])["head"] if heads else None
+        acc = ledger.rows("SELECT heldout_accuracy FROM branches WHERE id = ?", [head["branch"]]) if head else []
+        verdicts = ledger.verdicts()
+        alive = bool(st.get("pid")) and _alive(st["pid"]) and not ledger.stage_result(0, "final")
+        t = Table(title=f"EvoTrainer run {run.name}", show_header=False)
+        t.add_row("state", "running" if alive else ("finished" if ledger.stage_result(0, "final") else "stopped (resume to continue)"))
+        t.add_row("round / stage", f"{st.get('round', '-')} / {st.get('stage', '-')}" + (f" ({st['detail']})" if st.get("detail") else ""))
+        t.add_row("last finished", f"round {last[0]['round']} {last[0]['stage']}" if last else "-")
+        b = cfg.budget
+        def cap(x: float, c: float) -> str:
+            return f"{x:,.0f} / {c:,.0f} ({100 * x / c:.0f}%)" if c else f"{x:,.0f}"
+        t.add_row("budget generated tokens", cap(spent.generated_tokens, b.generated_tokens))
+        t.add_row("budget trained tokens", cap(spent.trained_tokens, b.trained_tokens))
+        t.add_row("budget seconds", cap(spent.seconds, b.seconds))
+        t.add_row("mainline", f"{head['branch']} step {head['step']}, gate accuracy {acc[0]['heldout_accuracy']:.3f}"
+                  if head and acc and acc[0]["heldout_accuracy"] is not None else "base")
+        t.add_row("verdicts", f"{sum(v['decision'] == 'promote' for v in verdicts)} promoted, "
+                  f"{sum(v['decision'] == 'reject' for v in verdicts)} rejected")
+        return t
+    finally:
+        ledger.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError:
+        return False
+
+
+@app.command()
+def status(run: Path = typer.Argument(..., help="Run directory of a loop run"),
+           watch: bool = typer.Option(False, help="Keep refreshing while the run is going")) -> None:
+    """Where a loop run stands: round, stage, budget, mainline metric, current trial."""
+    _loop_dir(run)
+    if not watch:
+        console.print(_status_table(run))
+        return
+    with Live(_status_table(run), console=console, refresh_per_second=1) as live:
+        while True:
+            time.sleep(1.0)
+            live.update(_status_table(run))
+
+
+@app.command()
+def report(run: Path = typer.Argument(..., help="Run directory of a loop run")) -> None:
+    """Write the run's self-contained HTML report (lineage, metrics, findings, verdicts, skills)."""
+    from evotrainer.report import write_report
+
+    console.print(f"wrote {write_report(_loop_dir(run))}")
+
+
+def _library(skills_dir: Optional[Path]):
+    from evotrainer.config import LoopSection
+    from evotrainer.skills.library import SkillLibrary
+
+    return SkillLibrary(skills_dir or LoopSection().skills_dir)
+
+
+_DIR = typer.Option(None, "--dir", help="Skill library directory (default: loop.skills_dir's default, ~/.evotrainer/skills)")
+
+
+@skills_app.command("list")
+def skills_list(skills_dir: Optional[Path] = _DIR) -> None:
+    """List the skills: template, trigger signature, evidence, quarantine."""
+    t = Table("id", "intervention", "signature", "domains", "won", "lost", "mean effect", "status")
+    for s in _library(skills_dir).all():
+        change = f"x{s.factor:g}" if s.factor is not None else repr(s.value)
+        t.add_row(s.id, f"{s.kind} {s.target} {change}", ", ".join(s.signature) or "-", ", ".join(s.domains), str(s.wins),
+                  str(s.losses), f"{s.mean_effect:+.3f}", "quarantined" if s.quarantined else "active")
+    console.print(t)
+
+
+@skills_app.command("show")
+def skills_show(skill: str = typer.Argument(..., help="Skill id (k-...)"), skills_dir: Optional[Path] = _DIR) -> None:
+    """One skill in full, with its evidence and lineage."""
+    console.print_json(_library(skills_dir).get(skill).model_dump_json())
+
+
+@skills_app.command("export")
+def skills_export(dest: Path = typer.Argument(..., help="JSON file to write"), skills_dir: Optional[Path] = _DIR) -> None:
+    """Write every skill to one JSON file (to share a library)."""
+    console.print(f"exported {_library(skills_dir).export(dest)} skill(s) to {dest}")
+
+
+@skills_app.command("import")
+def skills_import(src: Path = typer.Argument(..., help="A file written by `skills export`"), skills_dir: Optional[Path] = _DIR) -> None:
+    """Merge skills from an export; evidence already present is not counted twice."""
+    console.print(f"imported {_library(skills_dir).import_(src)} skill(s) from {src}")

@@ -1,0 +1,228 @@
+"""The default proposer (no network): findings -> candidate interventions from a catalog of known
+remedies (../shared/reference/rl-trainers.md, failure-mode table), ranked by the skill library's
+evidence for the same signature and domain, with a share of candidates kept for knobs this run has
+not tried (exploration). `screen` (proposer.py) then drops duplicates and anything already rejected
+under the same signature."""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from evotrainer.diagnostics.detector import Finding
+from evotrainer.harness.harness import Harness
+from evotrainer.harness.interventions import Hypothesis, Intervention
+from evotrainer.harness.knobs import knob
+from evotrainer.proposers.proposer import Brief, Proposal, intervention_key, screen
+
+
+@dataclass(frozen=True)
+class Remedy:
+    """One catalog entry: a single-factor change, computed from the harness (None: not applicable)."""
+
+    kind: str
+    target: str
+    value: Callable[[Harness, Finding], Any]
+    signal: str
+    direction: str
+    rationale: str
+
+
+def _get(h: Harness, path: str) -> Any:
+    node: Any = h
+    for part in path.split("."):
+        node = node[part] if isinstance(node, dict) else getattr(node, part)
+    return node
+
+
+def _scale(path: str, factor: float, lo: float, hi: float, integer: bool = False) -> Callable[[Harness, Finding], Any]:
+    def value(h: Harness, f: Finding) -> Any:
+        v = min(max(_get(h, path) * factor, lo), hi)
+        return int(round(v)) if integer else float(f"{v:.3g}")
+    return value
+
+
+def _const(v: Any) -> Callable[[Harness, Finding], Any]:
+    return lambda h, f: v
+
+
+def _restore_spread(h: Harness, f: Finding) -> Any:
+    """A temperature well below 1 (an evaluation setting copied into training) goes back to 1, the
+    usual training default; one already near it goes up by 30% (capped at 1.5)."""
+    t = h.sampling.temperature
+    return 1.0 if t < 0.77 else float(f"{min(t * 1.3, 1.5):.3g}")
+
+
+def _mask_errors(h: Harness, f: Finding) -> Any:
+    current = list(h.filters.mask_terminations)
+    return None if {"error", "timeout"} <= set(current) else sorted(set(current) | {"error", "timeout"})
+
+
+def _other_tool_policy(h: Harness, f: Finding) -> Any:
+    return {"feedback": "end", "end": "mask", "mask": "feedback"}[h.multi_turn.tool_error]
+
+
+ACC = "heldout/accuracy"
+# Finding name -> remedies, most recommended first (rl-trainers.md (c)). Reward-term remedies target
+# the term the finding implicates; see _targets.
+CATALOG: dict[str, list[Remedy]] = {
+    "zero_variance_groups": [
+        Remedy("set_knob", "sampling.temperature", _restore_spread, "frac_reward_zero_std", "down",
+               "more sampling spread makes more groups mixed, so more prompts carry an advantage"),
+        Remedy("set_knob", "sampling.num_generations", _scale("sampling.num_generations", 2, 2, 32, True), "frac_reward_zero_std", "down",
+               "larger groups are less often all-correct or all-wrong"),
+    ],
+    "plateau": [
+        Remedy("set_knob", "optimizer.learning_rate", _scale("optimizer.learning_rate", 3.0, 1e-6, 1e-2), ACC, "up",
+               "reward is flat below its ceiling: the step size may be too small to move the policy"),
+        Remedy("set_knob", "sampling.temperature", _scale("sampling.temperature", 1.3, 0.1, 1.5), ACC, "up",
+               "more exploration can find rewarded behaviour the policy does not sample yet"),
+    ],
+    "truncation": [
+        Remedy("set_knob", "sampling.max_completion_length", _scale("sampling.max_completion_length", 1.5, 4, 4096, True),
+               "completions/clipped_ratio", "down", "the cap cuts answers before they finish"),
+        Remedy("add_filter", "loss.mask_truncated_completions", _const(True), "completions/clipped_ratio", "down",
+               "truncated rollouts get a reward that is not about the task; mask them out of the loss"),
+    ],
+    "length_blowup": [
+        Remedy("set_knob", "shaping.overlong_buffer_len", lambda h, f: max(1, h.sampling.max_completion_length // 4),
+               "completions/mean_length", "down", "a soft overlong penalty pushes back on length growth (DAPO)"),
+        Remedy("swap_loss_type", "loss.loss_type", lambda h, f: None if h.loss.loss_type == "dr_grpo" else "dr_grpo",
+               "completions/mean_length", "down", "length-unbiased aggregation removes the per-sequence length bias"),
+    ],
+    "entropy_collapse": [
+        Remedy("set_knob", "loss.epsilon_high", lambda h, f: None if (h.loss.epsilon_high or 0) >= 0.28 else 0.28, "entropy", "up",
+               "clip-higher lets low-probability tokens grow (DAPO), slowing entropy collapse"),
+        Remedy("set_knob", "sampling.temperature", _scale("sampling.temperature", 1.2, 0.1, 1.5), "entropy", "up",
+               "a higher sampling temperature keeps exploration alive"),
+    ],
+    "entropy_explosion": [
+        Remedy("set_knob", "optimizer.learning_rate", _scale("optimizer.learning_rate", 0.5, 1e-7, 1e-2), "entropy", "down",
+               "smaller steps keep the policy from drifting into garbled text"),
+        Remedy("set_knob", "sampling.temperature", _scale("sampling.temperature", 0.8, 0.1, 1.5), "entropy", "down",
+               "a lower temperature samples fewer garbled tokens"),
+    ],
+    "reward_hacking": [
+        Remedy("remove_reward_term", "reward_weights.{term}", _const(None), ACC, "up",
+               "the term rises while the audit does not: it pays for something other than the task"),
+        Remedy("set_reward_weight", "reward_weights.{term}", lambda h, f: float(f"{h.reward_weights.get(f.knobs[0].split('.', 1)[1], 1.0) / 4:.3g}"),
+               ACC, "up", "a smaller weight makes the exploit worth less than solving the task"),
+    ],
+    "reward_audit_gap": [
+        Remedy("remove_reward_term", "reward_weights.{term}", _const(None), ACC, "up",
+               "rollouts the reward pays fail the audit; the term paying most on them is suspect"),
+    ],
+    "repetition": [
+        Remedy("set_knob", "shaping.overlong_buffer_len", lambda h, f: max(1, h.sampling.max_completion_length // 4),
+               "completions/mean_length", "down", "penalising the long tail discourages loops"),
+    ],
+    "kl_spike": [
+        Remedy("set_knob", "optimizer.learning_rate", _scale("optimizer.learning_rate", 0.5, 1e-7, 1e-2), "kl", "down",
+               "ratio and KL spikes follow steps that are too large"),
+        Remedy("set_knob", "optimizer.max_grad_norm", _scale("optimizer.max_grad_norm", 0.5, 0.01, 100.0), "grad_norm", "down",
+               "tighter gradient clipping bounds each update"),
+    ],
+    "nonfinite": [
+        Remedy("set_knob", "optimizer.max_grad_norm", _scale("optimizer.max_grad_norm", 0.5, 0.01, 100.0), "grad_norm", "down",
+               "non-finite gradients come from exploding updates"),
+    ],
+    "tool_errors": [
+        Remedy("set_knob", "multi_turn.tool_error", _other_tool_policy, ACC, "up",
+               "how malformed tool calls are treated changes what the policy learns from them"),
+        Remedy("set_knob", "multi_turn.max_turns", _scale("multi_turn.max_turns", 1.5, 1, 64, True), "turn_cap_ratio", "down",
+               "episodes hit the turn cap before they can answer"),
+    ],
+    "infra_errors": [
+        Remedy("add_filter", "filters.mask_terminations", _mask_errors, ACC, "up",
+               "infrastructure failures are not the policy's fault; mask them out of the advantages"),
+    ],
+}
+# Reward-term findings of other domains (#5's code and SWE exploits) share the hacking remedies.
+for _name in ("hardcoded_examples", "test_tampering", "tests_dropped", "collection_errors"):
+    CATALOG.setdefault(_name, CATALOG["reward_hacking"])
+
+
+def _targets(remedy: Remedy, f: Finding) -> list[str]:
+    if "{term}" not in remedy.target:
+        return [remedy.target]
+    return [k for k in f.knobs if k.startswith("reward_weights.") and k != "reward_weights"]
+
+
+def candidates_for(f: Finding, h: Harness) -> list[Intervention]:
+    out = []
+    for r in CATALOG.get(f.name, []):
+        for target in _targets(r, f):
+            value = r.value(h, f)
+            if value is None and r.kind != "remove_reward_term":
+                continue
+            if r.kind in ("remove_reward_term", "set_reward_weight") and target.split(".", 1)[1] not in h.reward_weights:
+                continue
+            out.append(Intervention(kind=r.kind, target=target, value=value,
+                                    hypothesis=Hypothesis(finding=f.name, signal=r.signal, direction=r.direction,
+                                                          rationale=r.rationale)))
+    return out
+
+
+# Untried knobs, most often decisive first (the learning rate), each with a multiplicative step; the
+# learning rate moves by a decade, the usual coarse step of a learning-rate sweep (the plateau remedy
+# in the catalog refines by 3x once a direction has won).
+# num_generations is not here: it changes the compute per step, which a trial at equal steps would
+# not charge fairly; it is a catalog remedy for dead groups only.
+_EXPLORE: list[tuple[str, float]] = [("optimizer.learning_rate", 10.0), ("sampling.temperature", 1.25), ("loss.epsilon", 1.5)]
+_UNSTABLE = {"kl_spike", "entropy_explosion", "nonfinite", "length_blowup", "repetition"}
+
+
+def explore(h: Harness, tried_targets: set[str], findings: list[Finding], rng: random.Random) -> list[Intervention]:
+    """Untried knobs as exploration candidates. The learning rate goes down when a finding says
+    training is unstable, up otherwise; other knobs go either way (seeded)."""
+    unstable = any(f.name in _UNSTABLE for f in findings)
+    out = []
+    for target, factor in _EXPLORE:
+        if target in tried_targets:
+            continue
+        k = knob(target)
+        up = (not unstable) if target == "optimizer.learning_rate" else rng.random() < 0.5
+        v = _get(h, target) * (factor if up else 1 / factor)
+        if k.high is not None:
+            v = min(v, k.high)
+        if k.low is not None:
+            v = max(v, k.low)
+        value: Any = int(round(v)) if k.type == "int" else float(f"{v:.3g}")
+        out.append(Intervention(kind="set_knob", target=target, value=value, hypothesis=Hypothesis(
+            finding="explore", signal=ACC, direction="up", rationale=f"exploration: {target} not tried on this run")))
+    return out
+
+
+class HeuristicProposer:
+    name = "heuristic"
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+
+    def propose(self, brief: Brief) -> list[Proposal]:
+        """Skills for this signature first (by evidence), then catalog remedies for the findings
+        (most severe first), with `explore` of the slots reserved for untried knobs."""
+        h = brief.harness
+        ranked: list[Proposal] = []
+        for s in sorted(brief.skills, key=lambda s: (-s.similarity, s.quarantined, -(s.wins - s.losses), -s.mean_effect)):
+            if s.similarity > 0 and s.wins > s.losses:
+                ranked.append(Proposal(s.intervention, "skill", s.skill_id,
+                                       f"skill {s.skill_id}: {s.wins} won, {s.losses} lost, similarity {s.similarity:.2f}"))
+        order = {"critical": 0, "warning": 1, "info": 2}
+        findings = sorted(brief.findings, key=lambda f: (order[f.severity], not f.validity, f.name))
+        # Interleave remedies across findings so one noisy finding cannot take every slot.
+        per_finding = [candidates_for(f, h) for f in findings]
+        for i in range(max((len(c) for c in per_finding), default=0)):
+            ranked += [Proposal(c[i], "catalog") for c in per_finding if i < len(c)]
+        # A knob counts as tried once a change of it was rejected; after a promotion the same knob may
+        # move again (a learning rate that was too low may still be).
+        tried = {t.intervention.target for t in brief.history if t.decision != "promote"}
+        rng = random.Random(f"{self.seed}:{brief.round}")
+        exploratory = [Proposal(iv, "explore") for iv in explore(h, tried, brief.findings, rng)]
+        kept, _ = screen(ranked + exploratory, brief)
+        n_explore = round(brief.limit * brief.explore) if exploratory else 0
+        main = [p for p in kept if p.source != "explore"][: brief.limit - n_explore]
+        extra = [p for p in kept if p.source == "explore" and intervention_key(p.intervention) not in
+                 {intervention_key(m.intervention) for m in main}]
+        out = main + extra[: brief.limit - len(main)]
+        return out[: brief.limit]

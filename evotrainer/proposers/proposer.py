@@ -1,0 +1,126 @@
+"""The proposer contract. A proposer reads a Brief (findings with their evidence, the harness, the
+run's history of interventions and verdicts, the matching skills) and returns Proposals: single-factor
+interventions, each with the hypothesis it tests. `screen` applies the same checks to every proposer's
+output (heuristic or LLM), so what reaches a trial is valid whoever wrote it."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from evotrainer.diagnostics.detector import Finding
+from evotrainer.harness.harness import Harness
+from evotrainer.harness.interventions import Intervention, InterventionError
+
+
+def signature(findings: list[Finding]) -> tuple[str, ...]:
+    """What a round's findings look like, for skill retrieval and for "rejected under the same
+    signature": the sorted names of the warning / critical findings (info findings are context)."""
+    return tuple(sorted({f.name for f in findings if f.severity != "info"}))
+
+
+def similarity(a: tuple[str, ...] | list[str], b: tuple[str, ...] | list[str]) -> float:
+    """Jaccard similarity of two signatures (1.0 for two empty ones)."""
+    sa, sb = set(a), set(b)
+    return 1.0 if not sa and not sb else len(sa & sb) / len(sa | sb)
+
+
+def intervention_key(iv: Intervention) -> str:
+    """Identity of an intervention's change (not of its hypothesis): kind, target and value."""
+    return f"{iv.kind}:{iv.target}={json.dumps(iv.value, sort_keys=True, default=str)}"
+
+
+@dataclass(frozen=True)
+class PastTrial:
+    """One trial of this run, as the proposer sees it."""
+
+    round: int
+    intervention: Intervention
+    signature: tuple[str, ...]
+    decision: str  # promote | reject | abandoned
+    reasons: tuple[str, ...]
+    effect: float | None  # candidate minus control held-out accuracy on the gate tasks
+
+
+@dataclass(frozen=True)
+class SkillMatch:
+    """A skill whose trigger signature resembles this round's, with the evidence a ranker needs."""
+
+    skill_id: str
+    intervention: Intervention
+    signature: tuple[str, ...]
+    similarity: float
+    wins: int
+    losses: int
+    mean_effect: float
+    quarantined: bool
+    domains: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Brief:
+    """Everything a proposer may read. It holds no held-out task, hidden test or evaluator data: the
+    evidence rollouts are training rollouts of the mainline (see loop.py, which builds it)."""
+
+    run: str
+    round: int
+    domain: str
+    harness: Harness
+    findings: list[Finding]
+    signature: tuple[str, ...]
+    evidence: dict[str, dict[str, Any]] = field(default_factory=dict)  # rollout id -> full record
+    metrics: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # name -> (step, value) series
+    history: list[PastTrial] = field(default_factory=list)
+    skills: list[SkillMatch] = field(default_factory=list)
+    limit: int = 2  # how many candidates the round can trial
+    explore: float = 0.34  # share of candidates for knobs the run has not tried
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A candidate for a trial. `source`: `skill` (from the library), `catalog` (a known remedy for
+    a finding), `explore` (an untried knob) or `llm`; `skill_id` links a skill's evidence."""
+
+    intervention: Intervention
+    source: str
+    skill_id: str | None = None
+    note: str = ""
+
+
+class Proposer(Protocol):
+    name: str
+
+    def propose(self, brief: Brief) -> list[Proposal]: ...
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A proposal that did not pass screening, and why (recorded in the ledger, fed back to an LLM)."""
+
+    proposal: Proposal
+    reason: str
+
+
+def screen(proposals: list[Proposal], brief: Brief) -> tuple[list[Proposal], list[Refusal]]:
+    """Keep proposals that apply to the harness as exactly one change, are not duplicates, and were
+    not already rejected under the same signature on this run; bind each to the harness."""
+    kept: list[Proposal] = []
+    refused: list[Refusal] = []
+    seen: set[str] = set()
+    rejected = {(intervention_key(t.intervention), t.signature) for t in brief.history if t.decision == "reject"}
+    for p in proposals:
+        key = intervention_key(p.intervention)
+        try:
+            bound = p.intervention.bind(brief.harness)
+            bound.apply(brief.harness)
+        except InterventionError as e:
+            refused.append(Refusal(p, str(e)))
+            continue
+        if key in seen:
+            refused.append(Refusal(p, "duplicate of an earlier proposal this round"))
+        elif (key, brief.signature) in rejected:
+            refused.append(Refusal(p, f"already rejected on this run under the same signature {list(brief.signature)}"))
+        else:
+            seen.add(key)
+            kept.append(Proposal(bound, p.source, p.skill_id, p.note))
+    return kept, refused

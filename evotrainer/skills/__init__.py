@@ -1,0 +1,1 @@
+"""The skill library shared across runs."""

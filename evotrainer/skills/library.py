@@ -1,0 +1,216 @@
+"""The skill library: promoted interventions kept as reusable templates, shared across runs.
+
+A skill is one JSON file in the library directory: the intervention template (numeric knob changes
+are kept as a factor, so "learning rate x3" transfers to a harness with another learning rate), the
+trigger signature (the findings that called for it), domain tags, evidence (every trial that used
+it: run, round, decision, effect) and lineage. A new skill is quarantined until it has won twice.
+Writes are atomic (temp file, fsync, rename) under a lock file, so concurrent runs do not lose
+each other's evidence."""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from evotrainer.config import ConfigError
+from evotrainer.harness.harness import Harness
+from evotrainer.harness.interventions import Hypothesis, Intervention
+from evotrainer.proposers.proposer import SkillMatch, similarity
+
+WINS_TO_LEAVE_QUARANTINE = 2
+
+
+class Evidence(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    run: str
+    round: int
+    trial: str
+    decision: str
+    """promote or reject."""
+    effect: float | None = None
+    """Candidate minus control held-out accuracy (gate tasks)."""
+    domain: str = ""
+    signature: list[str] = Field(default_factory=list)
+
+
+class Skill(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    kind: str
+    target: str
+    value: Any = None
+    factor: float | None = None
+    """For numeric knob changes: new / old, applied to the current value when the skill is reused."""
+    hypothesis: Hypothesis
+    signature: list[str]
+    domains: list[str]
+    evidence: list[Evidence] = Field(default_factory=list)
+    lineage: dict[str, Any] = Field(default_factory=dict)
+    """Where it came from: the run, round and trial that first promoted it, and its source (catalog, explore, llm)."""
+
+    @property
+    def wins(self) -> int:
+        return sum(e.decision == "promote" for e in self.evidence)
+
+    @property
+    def losses(self) -> int:
+        return sum(e.decision == "reject" for e in self.evidence)
+
+    @property
+    def quarantined(self) -> bool:
+        return self.wins < WINS_TO_LEAVE_QUARANTINE
+
+    @property
+    def mean_effect(self) -> float:
+        e = [x.effect for x in self.evidence if x.effect is not None]
+        return sum(e) / len(e) if e else 0.0
+
+    def instantiate(self, h: Harness) -> Intervention:
+        """This skill as an intervention on harness h (a factor is applied to h's current value)."""
+        value = self.value
+        if self.factor is not None:
+            current = _get(h, self.target)
+            value = type(current)(round(current * self.factor) if isinstance(current, int) else float(f"{current * self.factor:.3g}"))
+        return Intervention(kind=self.kind, target=self.target, value=value, hypothesis=self.hypothesis)
+
+
+def _get(h: Harness, path: str) -> Any:
+    node: Any = h
+    for part in path.split("."):
+        node = node.get(part) if isinstance(node, dict) else getattr(node, part)
+    return node
+
+
+def template(iv: Intervention) -> tuple[Any, float | None]:
+    """(value, factor): numeric knob changes become a factor of the old value."""
+    if (iv.kind == "set_knob" and isinstance(iv.value, (int, float)) and not isinstance(iv.value, bool)
+            and isinstance(iv.before, (int, float)) and not isinstance(iv.before, bool) and iv.before):
+        return None, float(f"{iv.value / iv.before:.4g}")
+    return iv.value, None
+
+
+def skill_id(iv: Intervention) -> str:
+    value, factor = template(iv)
+    key = json.dumps([iv.kind, iv.target, value, factor], sort_keys=True, default=str)
+    return "k-" + hashlib.sha256(key.encode()).hexdigest()[:10]
+
+
+class SkillLibrary:
+    def __init__(self, root: str | Path):
+        self.root = Path(root).expanduser()
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def all(self) -> list[Skill]:
+        if not self.root.is_dir():
+            return []
+        out = []
+        for p in sorted(self.root.glob("k-*.json")):
+            try:
+                out.append(Skill.model_validate_json(p.read_text()))
+            except ValidationError as e:
+                raise ConfigError(f"skill file {p} is not a valid skill ({e.error_count()} errors); remove or fix it") from None
+        return out
+
+    def get(self, sid: str) -> Skill:
+        p = self.root / f"{sid}.json"
+        if not p.is_file():
+            raise ConfigError(f"no skill {sid!r} in {self.root}; `evotrainer skills list` shows the ids")
+        return Skill.model_validate_json(p.read_text())
+
+    def _write(self, skill: Skill) -> None:
+        path = self.root / f"{skill.id}.json"
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            f.write(skill.model_dump_json(indent=2))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    def record(self, iv: Intervention, ev: Evidence, *, source: str, create: bool, sid: str | None = None) -> Skill | None:
+        """Add a trial's outcome to the skill of this intervention. A promotion creates the skill
+        (quarantined) when it does not exist; a rejection only counts against an existing one.
+        Recording the same trial twice (a resumed run) changes nothing. `sid`: the skill a proposal
+        came from (its instantiated value may round differently from the template)."""
+        sid = sid or skill_id(iv)
+        with self._locked():
+            path = self.root / f"{sid}.json"
+            if path.is_file():
+                skill = Skill.model_validate_json(path.read_text())
+            elif create:
+                value, factor = template(iv)
+                skill = Skill(id=sid, kind=iv.kind, target=iv.target, value=value, factor=factor, hypothesis=iv.hypothesis,
+                              signature=ev.signature, domains=[ev.domain],
+                              lineage={"run": ev.run, "round": ev.round, "trial": ev.trial, "source": source})
+            else:
+                return None
+            if any((e.run, e.trial) == (ev.run, ev.trial) for e in skill.evidence):
+                return skill
+            skill.evidence.append(ev)
+            if ev.domain and ev.domain not in skill.domains:
+                skill.domains.append(ev.domain)
+            if ev.decision == "promote":
+                # The trigger signature grows to every signature it has won under.
+                skill.signature = sorted(set(skill.signature) | set(ev.signature))
+            self._write(skill)
+            return skill
+
+    def match(self, signature: tuple[str, ...], domain: str, h: Harness) -> list[SkillMatch]:
+        """Skills whose trigger signature overlaps this one, best first: similarity, then the same
+        domain, then out of quarantine, then net wins."""
+        out = []
+        for s in self.all():
+            sim = similarity(s.signature, signature)
+            if sim <= 0:
+                continue
+            try:
+                iv = s.instantiate(h)
+            except (AttributeError, KeyError, TypeError, ValueError):
+                continue  # a skill for a knob this harness does not have
+            out.append((domain in s.domains, SkillMatch(s.id, iv, tuple(s.signature), sim, s.wins, s.losses, s.mean_effect,
+                                                        s.quarantined, tuple(s.domains))))
+        out.sort(key=lambda t: (-t[1].similarity, not t[0], t[1].quarantined, -(t[1].wins - t[1].losses), t[1].skill_id))
+        return [m for _, m in out]
+
+    def export(self, dest: str | Path) -> int:
+        skills = self.all()
+        Path(dest).write_text(json.dumps([s.model_dump(mode="json") for s in skills], indent=2))
+        return len(skills)
+
+    def import_(self, src: str | Path) -> int:
+        """Merge skills from an export file: evidence is united by (run, trial), so importing twice
+        or importing a library's own export changes nothing."""
+        src = Path(src)
+        if not src.is_file():
+            raise ConfigError(f"skills import: file not found: {src}")
+        try:
+            incoming = [Skill.model_validate(x) for x in json.loads(src.read_text())]
+        except (json.JSONDecodeError, ValidationError, TypeError) as e:
+            raise ConfigError(f"skills import: {src} is not a skills export ({type(e).__name__}); "
+                              "create one with `evotrainer skills export FILE`") from None
+        with self._locked():
+            for s in incoming:
+                path = self.root / f"{s.id}.json"
+                if path.is_file():
+                    mine = Skill.model_validate_json(path.read_text())
+                    have = {(e.run, e.trial) for e in mine.evidence}
+                    mine.evidence += [e for e in s.evidence if (e.run, e.trial) not in have]
+                    mine.domains = sorted(set(mine.domains) | set(s.domains))
+                    mine.signature = sorted(set(mine.signature) | set(s.signature))
+                    s = mine
+                self._write(s)
+        return len(incoming)

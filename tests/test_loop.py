@@ -1,0 +1,174 @@
+"""The co-evolution loop end to end on a tiny real model: ledger, verdicts, budget, report, CLI."""
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from conftest import small_config
+from evotrainer.config import ConfigError
+from evotrainer.envs import make_domain
+from evotrainer.evaluation import evaluator_hash
+from evotrainer.loop import run_loop, split_heldout
+from evotrainer.store.ledger import STAGES, Ledger
+from evotrainer.store.rollouts import RolloutStore
+
+
+def loop_config(tmp, **sections):
+    loop = {"segment_steps": 3, "trial_steps": 4, "candidates": 2, "max_rounds": 2, "skills_dir": str(tmp / "skills")}
+    loop.update(sections.pop("loop", {}))
+    return small_config(tmp, loop=loop, **sections)
+
+
+def quiet() -> Console:
+    return Console(file=io.StringIO(), width=200)
+
+
+@pytest.fixture(scope="module")
+def loop_run(tmp_path_factory, math_setup):
+    tmp = tmp_path_factory.mktemp("loop")
+    cfg = loop_config(tmp)
+    summary = run_loop(cfg, quiet())
+    return cfg, tmp / "runs" / "t", summary
+
+
+def test_a_round_runs_every_stage_and_records_it(loop_run):
+    cfg, run_dir, summary = loop_run
+    ledger = Ledger(run_dir / "ledger.sqlite")
+    done = {(r["round"], r["stage"]) for r in ledger.rows("SELECT round, stage FROM stages")}
+    for rnd in (1, 2):
+        assert {(rnd, s) for s in STAGES} <= done
+    assert {(0, "start"), (0, "final")} <= done
+    assert summary["rounds"] == 2 and summary["stop_reason"] == "loop.max_rounds=2"
+    branches = {b["id"]: b for b in ledger.branches()}
+    # Candidates and control fork from the round's segment, on the same steps; the A-A control runs in round 1.
+    for rnd in (1, 2):
+        seg = branches[f"r{rnd:02d}-seg"]
+        arms = [b for b in branches.values() if b["parent"] == seg["id"]]
+        assert {b["kind"] for b in arms} >= {"control"}
+        assert len({(b["first_step"], b["last_step"]) for b in arms}) == 1
+        assert all(b["first_step"] == seg["last_step"] + 1 for b in arms)
+    assert branches["r01-aa"]["seed"] != branches["r01-ctl"]["seed"]
+
+
+def test_verdicts_carry_statistic_noise_findings_budget_and_evaluator_hash(loop_run):
+    cfg, run_dir, summary = loop_run
+    ledger = Ledger(run_dir / "ledger.sqlite")
+    domain = make_domain(cfg)
+    gate_ids, final_ids = split_heldout([t.id for t in domain.tasks("heldout")], cfg.gate.final_fraction, cfg.run.seed)
+    assert not set(gate_ids) & set(final_ids)
+    by_id = {t.id: t for t in domain.tasks("heldout")}
+    expected = evaluator_hash(domain, [by_id[i] for i in gate_ids], cfg.eval)
+    verdicts = ledger.verdicts()
+    assert verdicts, "two rounds with two candidates each must leave verdicts"
+    for v in verdicts:
+        assert v["decision"] in ("promote", "reject")
+        assert v["evaluator_hash"] == expected
+        s = v["statistic"]
+        assert s["test"] == "paired_bootstrap" and s["n"] == len(gate_ids)
+        assert s["delta"] == pytest.approx(s["candidate_accuracy"] - s["control_accuracy"])
+        assert "abs_delta" in v["noise"] and "margin" in v["noise"]
+        assert v["budget"]["candidate"]["generated_tokens"] > 0
+        assert (v["decision"] == "promote") == (not v["reasons"])
+        if v["decision"] == "promote":
+            assert s["lower"] > 0 and s["delta"] > v["noise"]["margin"]
+    store = RolloutStore(run_dir / "store")
+    ids = {r["id"] for r in store.sql("SELECT id FROM rollouts")}
+    for v in verdicts:
+        for side in v["statistic"]["evidence"].values():
+            assert set(side) <= ids  # verdicts cite rollouts that exist
+    for f in store.sql("SELECT evidence FROM findings"):
+        assert set(f["evidence"]) <= ids
+
+
+def test_budget_is_charged_per_stage_and_the_mainline_follows_the_gate(loop_run):
+    cfg, run_dir, summary = loop_run
+    ledger = Ledger(run_dir / "ledger.sqlite")
+    by_stage = ledger.spent_by_stage()
+    assert {"start", "train", "diagnose", "trial", "gate", "final"} <= set(by_stage)
+    total = ledger.spent()
+    assert total.generated_tokens == sum(c.generated_tokens for c in by_stage.values())
+    assert by_stage["trial"].generated_tokens > by_stage["train"].generated_tokens  # trials are charged, and cost more
+    for rnd in (1, 2):
+        head = ledger.stage_result(rnd, "promote")["head"]
+        promoted = ledger.stage_result(rnd, "promote")["promoted"]
+        assert head["branch"] == (f"r{rnd:02d}-c{promoted[-1]}" if promoted else f"r{rnd:02d}-ctl")
+    assert json.loads((run_dir / "summary.json").read_text())["final_accuracy"] == summary["final_accuracy"]
+
+
+def test_report_and_status(loop_run):
+    from evotrainer.cli import app
+    import evotrainer.cli_loop  # noqa: F401 -- registers the loop commands
+
+    cfg, run_dir, summary = loop_run
+    html = (run_dir / "report.html").read_text()
+    ledger = Ledger(run_dir / "ledger.sqlite")
+    for v in ledger.verdicts():
+        assert v["trial"] in html
+    for b in ledger.branches():
+        assert b["id"] in html
+    # Every evidence link points at a rollout included in the file.
+    import re
+    links = set(re.findall(r'href="#r-([^"]+)"', html))
+    anchors = set(re.findall(r'id="r-([^"]+)"', html))
+    assert links and links <= anchors
+    assert "<script" not in html and "http" not in html.split("<body", 1)[-1].replace("http://www.w3.org/2000/svg", "")
+    res = CliRunner().invoke(app, ["status", str(run_dir)])
+    assert res.exit_code == 0 and "finished" in res.output and "round / stage" in res.output
+
+
+def test_config_mistakes_are_refused_before_anything_is_written(tmp_path, math_setup):
+    cfg = loop_config(tmp_path, loop={"max_rounds": 0})
+    with pytest.raises(ConfigError, match="budget"):
+        run_loop(cfg, quiet())
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_existing_run_is_not_overwritten(loop_run):
+    cfg, run_dir, summary = loop_run
+    with pytest.raises(ConfigError, match="resume"):
+        run_loop(cfg, quiet())
+
+
+def test_budget_cap_stops_cleanly_and_abandons_a_trial_that_cannot_fit(tmp_path, math_setup):
+    # Enough tokens for the segment, not for five arms of trial on top of it.
+    cfg = loop_config(tmp_path, loop={"max_rounds": 0}, budget={"generated_tokens": 2500})
+    summary = run_loop(cfg, quiet())
+    ledger = Ledger(tmp_path / "runs" / "t" / "ledger.sqlite")
+    trial = ledger.stage_result(1, "trial")
+    assert trial["abandoned"].startswith("budget.generated_tokens")
+    assert ledger.verdicts() == [] and ledger.stage_result(1, "gate") is None
+    assert summary["stop_reason"] == trial["abandoned"]
+    assert ledger.stage_result(0, "final")["head"]["branch"] == "r01-seg"  # the segment's training is kept
+
+
+def test_process_executor_runs_arms_in_parallel_processes_with_the_same_results(tmp_path, math_setup):
+    """Arms are pure functions of their spec: in worker processes they give what they give in this
+    process at the same thread count (here one thread each)."""
+    from evotrainer.backtest.trial import ArmSpec, ProcessExecutor, SerialExecutor
+    from evotrainer.training.grpo import GRPOTrainer
+
+    cfg, domain, policy = math_setup
+    cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"threads": 1})})
+    start = tmp_path / "start"
+    GRPOTrainer(policy.fork(tmp_path / "fork"), cfg.harness).save(start)
+    gate_ids = tuple(sorted(t.id for t in domain.tasks("heldout"))[:20])
+    hot = cfg.harness.model_copy(update={"sampling": cfg.harness.sampling.model_copy(update={"temperature": 1.3})})
+
+    def specs(root):
+        return [ArmSpec(name, "candidate", str(root), cfg.model_dump(mode="json"), h.model_dump(mode="json"), str(start), 0, 1, 2, gate_ids)
+                for name, h in (("a", cfg.harness), ("b", hot))]
+    import torch
+    threads = torch.get_num_threads()
+    try:
+        serial = SerialExecutor().run(specs(tmp_path / "serial"))
+    finally:
+        torch.set_num_threads(threads)
+    parallel = ProcessExecutor(workers=2, threads=2).run(specs(tmp_path / "parallel"))
+    assert [r.branch for r in parallel] == ["a", "b"]
+    for s, p in zip(serial, parallel):
+        assert (s.outcomes, s.generated_tokens, s.trained_tokens) == (p.outcomes, p.generated_tokens, p.trained_tokens)
+        assert (tmp_path / "parallel" / "checkpoints" / p.branch / "arm.json").exists()

@@ -1,0 +1,95 @@
+"""Resume: a real loop run killed with SIGKILL during training, during a trial and inside a verdict
+write continues without lost or duplicated records and reaches the decisions of an uninterrupted run."""
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from conftest import small_config
+from evotrainer.config import dump_config
+from evotrainer.loop import run_loop
+from evotrainer.store.ledger import Ledger
+from evotrainer.store.rollouts import RolloutStore
+
+
+def _cfg(tmp: Path, name: str):
+    return small_config(tmp, run={"name": name, "out_dir": str(tmp / "runs"), "seed": 0},
+                        loop={"segment_steps": 3, "trial_steps": 3, "candidates": 1, "max_rounds": 2, "skills_dir": str(tmp / name / "skills")})
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "evotrainer.cli", *args], env={**os.environ, **(env or {})},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _kill_when(proc: subprocess.Popen, ready, timeout: float = 300) -> None:
+    t0 = time.monotonic()
+    while not ready():
+        assert proc.poll() is None, f"the run ended before the kill point: {proc.stderr.read()[-2000:]}"
+        assert time.monotonic() - t0 < timeout, "kill point never reached"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+def _record(run_dir: Path) -> dict:
+    ledger = Ledger(run_dir / "ledger.sqlite")
+    store = RolloutStore(run_dir / "store")
+    rollouts = store.sql("SELECT id, reward, audit FROM rollouts ORDER BY id")
+    ids = [r["id"] for r in rollouts]
+    assert len(ids) == len(set(ids)), "duplicated rollouts"
+    return {
+        "stages": sorted((r["round"], r["stage"]) for r in ledger.rows("SELECT round, stage FROM stages")),
+        "branches": [(b["id"], b["parent"], b["first_step"], b["last_step"], b["harness_version"], b["heldout_accuracy"])
+                     for b in ledger.branches()],
+        "trials": [(t["id"], t["candidate"], t["intervention"]["target"], t["intervention"]["value"]) for t in ledger.trials()],
+        "verdicts": [(v["trial"], v["decision"], v["reasons"], round(v["statistic"]["delta"], 9)) for v in ledger.verdicts()],
+        "generated": ledger.spent().generated_tokens,
+        "rollouts": [(r["id"], round(r["reward"], 9), r["audit"]) for r in rollouts],
+        "findings": store.sql("SELECT count(*) AS n FROM findings")[0]["n"],
+    }
+
+
+def test_sigkill_at_several_points_then_resume_matches_an_uninterrupted_run(tmp_path, math_setup):
+    ref = _cfg(tmp_path, "ref")
+    run_loop(ref, Console(file=io.StringIO()))
+    expected = _record(tmp_path / "runs" / "ref")
+
+    cfg = _cfg(tmp_path, "k")
+    cfg_file = tmp_path / "k.yaml"
+    cfg_file.write_text(dump_config(cfg))
+    run_dir = tmp_path / "runs" / "k"
+    shards = run_dir / "store" / "rollouts"
+
+    # 1. during training: the segment has written two of its three steps
+    _kill_when(_cli("run", str(cfg_file)), lambda: (shards / "r01-seg-s000002.parquet").exists())
+    assert Ledger(run_dir / "ledger.sqlite").stage_result(1, "train") is None
+    # 2. during a trial: the control arm is done, the candidate is training
+    _kill_when(_cli("resume", str(run_dir)), lambda: (run_dir / "checkpoints" / "r01-ctl" / "arm.json").exists()
+               and any(shards.glob("r01-c1-s*.parquet")))
+    # 3. inside the verdict write: killed after the inserts, before the commit
+    proc = _cli("resume", str(run_dir), env={"EVOTRAINER_KILL_AT": "1:gate"})
+    proc.wait(timeout=600)
+    assert proc.returncode == -signal.SIGKILL
+    ledger = Ledger(run_dir / "ledger.sqlite")
+    assert ledger.verdicts() == [] and ledger.trials() == [] and ledger.stage_result(1, "gate") is None
+    assert ledger.stage_result(1, "trial") is not None
+    # 4. in round 2's skill update, then to the end
+    proc = _cli("resume", str(run_dir), env={"EVOTRAINER_KILL_AT": "2:remember"})
+    proc.wait(timeout=600)
+    assert proc.returncode == -signal.SIGKILL
+    proc = _cli("resume", str(run_dir))
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+
+    got = _record(run_dir)
+    for key in expected:
+        assert got[key] == expected[key], key
+    assert expected["verdicts"], "the runs must have decided something"

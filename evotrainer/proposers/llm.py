@@ -1,0 +1,305 @@
+"""The LLM proposer: the brief goes to an OpenAI-compatible model, which answers with interventions (and
+optional detectors) as JSON. Output is repaired where the repair is unambiguous, checked against the
+same schema and `screen` as the heuristic's, and re-asked once with the reasons when something cannot be
+used; what still fails is dropped and recorded. Every exchange is a transcript in run_dir/llm/."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from evotrainer.config import LLMSection, RunConfig
+from evotrainer.diagnostics import agent
+from evotrainer.harness.interventions import Intervention
+from evotrainer.proposers.brief import check_isolation
+from evotrainer.proposers.llm_client import LLMClient, LLMError, Reply, estimate_tokens
+from evotrainer.proposers.llm_prompt import SYSTEM, feedback, render
+from evotrainer.proposers.proposer import Brief, Proposal, intervention_key, screen
+from evotrainer.store.ledger import Charge, Ledger
+
+FIELDS = ("kind", "target", "value", "hypothesis")
+FEEDBACK_TOKENS = 512  # what a re-ask's feedback message may take
+
+
+class LLMProposer:
+    name = "llm"
+
+    def __init__(self, client: LLMClient, llm: LLMSection, run_dir: Path, ledger: Ledger | None = None):
+        self.client, self.llm, self.run_dir, self.ledger = client, llm, Path(run_dir), ledger
+        self._charge = Charge()
+        self._detectors: list[dict[str, Any]] = []
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, ledger: Ledger | None = None, run_dir: str | Path | None = None) -> "LLMProposer":
+        """Check the endpoint now (ConfigError if it is unset, unreachable, refuses the key or does not
+        serve the model), so a bad endpoint stops the run at start-up and not in a round. Writes nothing."""
+        client = LLMClient.from_config(cfg.llm)
+        client.check()
+        return cls(client, cfg.llm, Path(run_dir) if run_dir else Path(cfg.run.out_dir) / cfg.run.name, ledger)
+
+    # -- the loop's hooks ---------------------------------------------------------------------------------------
+    def take_charges(self) -> dict[str, Charge]:
+        """The LLM's tokens, cost and seconds since the last call (the loop charges them to `propose`)."""
+        ch, self._charge = self._charge, Charge()
+        return {"llm": ch} if ch != Charge() else {}
+
+    def take_detectors(self) -> list[dict[str, Any]]:
+        """The detectors the model wrote this round, as written (diagnostics/agent.py admits or refuses each)."""
+        out, self._detectors = self._detectors, []
+        return out
+
+    # -- propose ----------------------------------------------------------------------------------------------------
+    def propose(self, brief: Brief) -> list[Proposal]:
+        """At most two exchanges: the brief, and one re-ask with the reasons when the reply could not be
+        used as it stood. Never raises for what the model writes or for a failed endpoint: a round
+        without usable output proposes nothing, and its transcript says why."""
+        check_isolation(brief)  # the loop built it; check again at the door of the only component that talks outside
+        # Room for two replies and the feedback between them: a re-ask resends the brief with both.
+        budget = self.llm.context_tokens - 2 * self.llm.max_output_tokens - FEEDBACK_TOKENS - estimate_tokens(SYSTEM)
+        rendered = render(brief, budget)
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": rendered.text}]
+        accepted: list[Proposal] = []
+        detectors: dict[str, Any] = {}  # by name, so a re-ask's corrected detector replaces the first; all go to admit
+        for n in (1, 2):
+            record: dict[str, Any] = {"round": brief.round, "exchange": n, "model": self.client.model, "base_url": self.client.base_url,
+                                      "evidence": {"shown": rendered.shown, "left_out": rendered.left_out, "too_long": rendered.too_long},
+                                      "prompt_tokens_estimated": rendered.tokens}
+            if (cap := self._over_cost()) is not None:
+                self._write(brief.round, n, {**record, "messages": messages, "skipped": cap})
+                break
+            try:
+                reply, cached = self._exchange(brief.round, n, messages)
+            except LLMError as e:
+                self._write(brief.round, n, {**record, "messages": messages, "error": str(e)})
+                break
+            sent = sum(estimate_tokens(m["content"]) for m in messages)
+            if not reply.estimated_tokens and reply.input_tokens < 0.4 * sent:
+                # Ollama and some llama.cpp setups cut a prompt longer than their context without an error.
+                record["warning"] = (f"the server counted {reply.input_tokens} prompt tokens for about {sent} sent: it may have cut "
+                                     "the prompt; raise the server's context (Ollama: OLLAMA_CONTEXT_LENGTH) or lower llm.context_tokens")
+            obj, repairs, error = parse_reply(reply.text, reply.finish_reason)
+            item_errors: list[str] = []
+            new: list[Proposal] = []
+            det_errors: list[str] = []
+            if obj is not None:
+                note = f"llm {self.client.model}, round {brief.round} exchange {n}: " + str(obj.get("diagnosis", ""))[:400]
+                for k, item in enumerate(obj.get("interventions") or []):
+                    iv = _intervention(item)
+                    if isinstance(iv, str):
+                        item_errors.append(f"interventions[{k}]: {iv}")
+                    else:
+                        new.append(Proposal(iv, "llm", None, note))
+                for k, d in enumerate(obj.get("detectors") or []):
+                    key = str(d.get("name")) if isinstance(d, dict) and d.get("name") else f"#{n}.{k}"
+                    detectors[key] = d
+                    try:
+                        agent.parse(d)
+                    except ValueError as e:
+                        det_errors.append(f"detectors[{k}]: {e}")
+            # The loop's own screen: the same checks every proposer's output gets (one knob, in range,
+            # not a duplicate, not already rejected under this signature).
+            kept, refused = screen(accepted + new, brief)
+            fresh = kept[len(accepted):]
+            over = fresh[max(0, brief.limit - len(accepted)):]
+            accepted = kept[: brief.limit]
+            refusals = [f"{r.proposal.intervention.describe()}: {r.reason}" for r in refused]
+            refusals += [f"{p.intervention.describe()}: over this round's limit of {brief.limit}" for p in over]
+            self._write(brief.round, n, {**record, "messages": messages, "response": reply.text, "cached": cached,
+                                         "finish_reason": reply.finish_reason, "parsed": obj, "repairs": repairs, "error": error,
+                                         "invalid": item_errors, "refusals": refusals, "detector_errors": det_errors,
+                                         "accepted": [_dump(p) for p in fresh if p in accepted],
+                                         "detectors": list(detectors.values()), "attempts": reply.attempts,
+                                         "input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens,
+                                         "estimated_tokens": reply.estimated_tokens, "cost": reply.cost, "seconds": reply.seconds})
+            problems = bool(error or item_errors or det_errors or [r for r in refused if r.proposal in new])
+            if n == 2 or not problems or (len(accepted) >= brief.limit and not det_errors and not error):
+                break
+            errors = ([error] if error else []) + item_errors
+            messages = messages + [{"role": "assistant", "content": reply.text},
+                                   {"role": "user", "content": feedback(errors, [r for r in refusals if "over this round" not in r],
+                                                                        [p.intervention.describe() for p in accepted],
+                                                                        det_errors, brief.limit)}]
+        self._detectors = list(detectors.values())
+        return accepted
+
+    # -- one exchange, its charge and its transcript ------------------------------------------------------------------
+    def _exchange(self, rnd: int, n: int, messages: list[dict[str, str]]) -> tuple[Reply, bool]:
+        """The reply, live or, when a resumed round asks exactly what its transcript already holds, that
+        transcript's (the decisions then match the interrupted run's; its spend is charged again, since
+        the interrupted stage's charges were never committed)."""
+        key = _digest(self.client.model, messages)
+        path = self._path(rnd, n)
+        if path.exists():
+            try:
+                old = json.loads(path.read_text())
+            except (OSError, ValueError):
+                old = {}
+            if old.get("prompt_sha") == key and "response" in old:
+                reply = Reply(old["response"], old["input_tokens"], old["output_tokens"], old["cost"], old["seconds"],
+                              old.get("estimated_tokens", False), old.get("finish_reason"), old.get("attempts", []))
+                self._add(reply)
+                return reply, True
+        try:
+            reply = self.client.chat(messages)
+        except LLMError:
+            self._add(Reply("", 0, 0, 0.0, 0.0))
+            raise
+        self._add(reply)
+        return reply, False
+
+    def _add(self, r: Reply) -> None:
+        self._charge = self._charge + Charge(seconds=r.seconds, llm_input_tokens=r.input_tokens,
+                                             llm_output_tokens=r.output_tokens, llm_cost=r.cost)
+
+    def _over_cost(self) -> str | None:
+        if not self.llm.max_cost:
+            return None
+        spent = (self.ledger.spent().llm_cost if self.ledger is not None else 0.0) + self._charge.llm_cost
+        return f"llm.max_cost {self.llm.max_cost} reached (spent {spent:.4f})" if spent >= self.llm.max_cost else None
+
+    def _path(self, rnd: int, n: int) -> Path:
+        return self.run_dir / "llm" / f"{rnd:03d}-{n}.json"
+
+    def _write(self, rnd: int, n: int, record: dict[str, Any]) -> Path:
+        """Atomically: write a hidden temporary file, fsync, rename."""
+        path = self._path(rnd, n)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        record = {**record, "prompt_sha": _digest(self.client.model, record["messages"]), "written": time.time()}
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with open(tmp, "w") as f:
+            json.dump(record, f, indent=1, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return path
+
+
+def check_endpoint(cfg: RunConfig) -> None:
+    """The start-up check alone (ConfigError), for callers that want it before writing anything."""
+    LLMClient.from_config(cfg.llm).check()
+
+
+# -- reading the model's output ---------------------------------------------------------------------------------------
+def parse_reply(text: str, finish_reason: str | None = None) -> tuple[dict[str, Any] | None, list[str], str | None]:
+    """(object, repairs applied, error). Repairs are the unambiguous ones: a code fence or prose around
+    one JSON object, comments, trailing commas, single-quoted strings, Python's True / False / None,
+    a bare list of interventions or a single intervention object. Anything else is an error."""
+    repairs: list[str] = []
+    s = (text or "").strip()
+    if not s:
+        return None, repairs, "the reply is empty"
+    fences = re.findall(r"```[A-Za-z]*\s*\n?(.*?)```", s, re.S)
+    if len(fences) > 1:
+        return None, repairs, f"the reply holds {len(fences)} code blocks; answer with ONE JSON object"
+    if fences:
+        s = fences[0].strip()
+        repairs.append("code fence removed")
+    if not s.startswith(("{", "[")):
+        lo, hi = s.find("{"), s.rfind("}")
+        if lo < 0 or hi < lo:
+            return None, repairs, "no JSON object found in the reply"
+        s = s[lo:hi + 1]
+        repairs.append("text around the JSON object removed")
+    try:
+        obj = json.loads(s, strict=False)
+    except ValueError:
+        fixed, changes = _normalize(s)
+        try:
+            obj = json.loads(fixed, strict=False)
+            repairs += changes
+        except ValueError as e:
+            cut = " (the reply was cut at llm.max_output_tokens: answer more briefly)" if finish_reason == "length" else ""
+            return None, repairs, f"not valid JSON: {e}{cut}"
+    if isinstance(obj, list):
+        obj = {"interventions": obj}
+        repairs.append("a bare list read as the interventions")
+    if isinstance(obj, dict) and "kind" in obj and "interventions" not in obj:
+        obj = {"interventions": [obj]}
+        repairs.append("a single intervention read as a list of one")
+    if not isinstance(obj, dict):
+        return None, repairs, f"the reply must be a JSON object, got {type(obj).__name__}"
+    for key in ("interventions", "detectors"):
+        if key in obj and not isinstance(obj[key], list):
+            return None, repairs, f"`{key}` must be a list"
+    if "interventions" not in obj and "detectors" not in obj:
+        return None, repairs, "the object has neither `interventions` nor `detectors`"
+    return obj, repairs, None
+
+
+def _normalize(s: str) -> tuple[str, list[str]]:
+    """JSON from near-JSON, outside strings only: comments dropped, trailing commas dropped, single-quoted
+    strings and Python's True / False / None converted. Returns the text and the repairs made."""
+    out: list[str] = []
+    changes: set[str] = set()
+    i, n = 0, len(s)
+    while i < n:
+        c = s[i]
+        if c == '"':
+            j = i + 1
+            while j < n and s[j] != '"':
+                j += 2 if s[j] == "\\" else 1
+            out.append(s[i:j + 1])
+            i = j + 1
+        elif c == "'":
+            j, buf = i + 1, []
+            while j < n and s[j] != "'":
+                if s[j] == "\\" and j + 1 < n:
+                    buf.append(s[j + 1] if s[j + 1] in "'\\" else s[j:j + 2].encode().decode("unicode_escape"))
+                    j += 2
+                else:
+                    buf.append(s[j])
+                    j += 1
+            out.append(json.dumps("".join(buf)))
+            changes.add("single-quoted strings converted")
+            i = j + 1
+        elif s.startswith("//", i) or c == "#":
+            i = s.find("\n", i) if "\n" in s[i:] else n
+            changes.add("comments removed")
+        elif s.startswith("/*", i):
+            end = s.find("*/", i + 2)
+            i = n if end < 0 else end + 2
+            changes.add("comments removed")
+        elif c == ",":
+            j = i + 1
+            while j < n and s[j].isspace():
+                j += 1
+            if j < n and s[j] in "}]":
+                changes.add("trailing commas removed")
+            else:
+                out.append(c)
+            i += 1
+        elif (m := re.match(r"(True|False|None)\b", s[i:])) and (i == 0 or not (s[i - 1].isalnum() or s[i - 1] == "_")):
+            out.append({"True": "true", "False": "false", "None": "null"}[m.group(1)])
+            changes.add("Python True / False / None converted")
+            i += len(m.group(1))
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out), sorted(changes)
+
+
+def _intervention(item: Any) -> Intervention | str:
+    """An Intervention from one item of the reply, or why not (the heuristic's schema; no binding fields)."""
+    if not isinstance(item, dict):
+        return f"an intervention is an object with {', '.join(FIELDS)}; got {type(item).__name__}"
+    extra = sorted(set(item) - set(FIELDS))
+    if extra:
+        return f"unknown field(s) {extra}: an intervention has exactly {', '.join(FIELDS)}"
+    try:
+        return Intervention.model_validate(item)
+    except ValidationError as e:
+        return "; ".join(f"{'.'.join(str(x) for x in err['loc']) or 'intervention'}: {err['msg']}" for err in e.errors())
+
+
+def _dump(p: Proposal) -> dict[str, Any]:
+    return {"intervention": p.intervention.model_dump(mode="json"), "key": intervention_key(p.intervention), "note": p.note}
+
+
+def _digest(model: str, messages: list[dict[str, str]]) -> str:
+    return hashlib.sha256(json.dumps([model, messages], sort_keys=True).encode()).hexdigest()[:16]

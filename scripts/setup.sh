@@ -17,6 +17,19 @@ pip_install() {
     exit 1
   fi
 }
+# The code sandbox isolates best with bubblewrap (the job sees only the Python install and its own
+# directory). Installed where apt-get is usable; elsewhere the sandbox falls back to namespaces and
+# rlimits and says so once at run time.
+if ! command -v bwrap >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "setup: installing bubblewrap (the code sandbox)"
+    { apt-get install -y -q bubblewrap || { apt-get update -q && apt-get install -y -q bubblewrap; }; } >"$log" 2>&1 \
+      || echo "setup: could not install bubblewrap (log: $log); the code sandbox will use weaker isolation" >&2
+  else
+    echo "setup: bubblewrap (bwrap) is not installed and apt-get is not usable here; install it for full isolation" \
+         "of model-written code (without it the sandbox uses namespaces and rlimits, with a warning)" >&2
+  fi
+fi
 echo "setup: installing $TORCH, then evotrainer${extras:+[$extras]} into .venv"
 pip_install --upgrade pip
 pip_install "$TORCH"

@@ -14,7 +14,8 @@ import duckdb
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from evotrainer.diagnostics import builtin, rules, validity
+from evotrainer.diagnostics import agent, builtin, rules, swe, validity
+from evotrainer.diagnostics import code as code_domain  # not `code`: suite.py uses that name for code objects
 from evotrainer.diagnostics.builtin import MAX_EVIDENCE
 from evotrainer.diagnostics.detector import Detector, Finding, Window
 from evotrainer.store.rollouts import METRIC_SCHEMA, ROLLOUT_SCHEMA, RolloutStore
@@ -38,6 +39,14 @@ BUILTIN: dict[str, tuple[Detector, dict[str, float]]] = {
     "infra_errors": (validity.infra_errors, {"max_fraction": 0.02, "std_threshold": 1e-6}),
     "reward_audit_gap": (validity.reward_audit_gap, {"rewarded_threshold": 0.5, "max_gap": 0.1, "min_audited": 20}),
     "plateau": (builtin.plateau, {"min_slope": 1e-3, "min_steps": 20, "ceiling": 0.9}),
+    # SWE domain (diagnostics/swe.py): quiet on rollouts of other domains.
+    "test_tampering": (swe.tampered_tests, {"max_fraction": 0.02, "min_rollouts": 16}),
+    "collection_errors": (swe.collection_errors, {"max_fraction": 0.05, "min_rollouts": 16}),
+    "tests_dropped": (swe.dropped_tests, {"max_fraction": 0.02, "min_rollouts": 16}),
+    # Code domain (diagnostics/code.py): quiet on rollouts of other domains.
+    "hardcoded_examples": (code_domain.hardcoded_examples, {"min_keyed": 0.5, "max_fraction": 0.1, "min_rise": 0.05,
+                                                     "high_fraction": 0.5, "min_rollouts": 16}),
+    "exec_errors": (code_domain.exec_errors, {"max_fraction": 0.3, "min_rollouts": 16}),
 }
 
 
@@ -51,6 +60,10 @@ class DetectorSpec(BaseModel):
     """`module:function` of a detector that is not built in; None: BUILTIN entry of the same name."""
     rule: rules.Rule | None = None
     """An induced detector (diagnostics/rules.py): data, not code; its params are rules.RULE_DEFAULTS."""
+    sql: agent.SqlQuery | None = None
+    """An agent-written SQL detector (diagnostics/agent.py) flagging rollouts by id; params: agent.AGENT_DEFAULTS."""
+    python: agent.Predicate | None = None
+    """An agent-written Python predicate, run in the sandbox (diagnostics/agent.py); params: agent.AGENT_DEFAULTS."""
 
 
 class Suite(BaseModel):
@@ -66,6 +79,13 @@ class Suite(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> "Suite":
         for name, spec in self.detectors.items():
+            if spec.sql is not None or spec.python is not None:
+                if spec.path is not None or spec.rule is not None or (spec.sql and spec.python) or name in BUILTIN:
+                    raise ValueError(f"detector {name!r}: an agent detector has one of sql / python, no path or rule, "
+                                     "and cannot take a built-in's name")
+                if unknown := sorted(set(spec.params) - set(agent.AGENT_DEFAULTS)):
+                    raise ValueError(f"detector {name!r}: unknown parameter(s) {unknown}; known: {sorted(agent.AGENT_DEFAULTS)}")
+                continue
             if spec.rule is not None:
                 if spec.path is not None or name in BUILTIN:
                     raise ValueError(f"detector {name!r}: a rule detector has no path and cannot take a built-in's name")
@@ -89,6 +109,10 @@ class Suite(BaseModel):
         spec = self.detectors[name]
         if spec.rule is not None:
             return rules.detector(spec.rule, name), {**rules.RULE_DEFAULTS, **spec.params}
+        if spec.sql is not None:
+            return agent.sql_detector(spec.sql, name), {**agent.AGENT_DEFAULTS, **spec.params}
+        if spec.python is not None:
+            return agent.predicate_detector(spec.python, name), {**agent.AGENT_DEFAULTS, **spec.params}
         if spec.path is None:
             fn, defaults = BUILTIN[name]
             return fn, {**defaults, **spec.params}
@@ -117,9 +141,13 @@ class Suite(BaseModel):
             # A rule's meaning is its data plus the code that turns any rule into SQL and findings: hash
             # the rule and the rules module. The "rule" key is added only for rule detectors, so the
             # versions of existing suites do not move.
-            body[name] = {"params": params, "path": spec.path, "source": _source_hash(rules if spec.rule else fn)}
+            body[name] = {"params": params, "path": spec.path,
+                          "source": _source_hash(rules if spec.rule else agent if spec.sql or spec.python else fn)}
             if spec.rule is not None:
                 body[name]["rule"] = spec.rule.model_dump(mode="json")
+            for key in ("sql", "python"):  # likewise: keys only agent detectors have
+                if getattr(spec, key) is not None:
+                    body[name][key] = getattr(spec, key).model_dump(mode="json")
         return json.dumps(body, sort_keys=True, separators=(",", ":"))
 
     @property

@@ -27,10 +27,23 @@ def _make_domain(cfg: RunConfig) -> Domain:
 
         return DigitsDomain(seed=cfg.run.seed, num_digits=e.num_digits, train_size=e.train_size,
                             heldout_size=cfg.eval.heldout_size, infra_error_rate=e.infra_error_rate)
+    if e.domain == "swe":
+        from evotrainer.envs.swe import SweDomain
+
+        return SweDomain(seed=cfg.run.seed, levels=e.levels, train_size=e.train_size, heldout_size=cfg.eval.heldout_size,
+                         max_output=e.max_output)
+    if e.domain == "code":
+        from evotrainer.envs.code import CodeDomain
+
+        return CodeDomain(source=e.code_source, seed=cfg.run.seed, train_size=e.train_size,
+                          heldout_size=cfg.eval.heldout_size, path=e.code_path)
     raise ValueError(f"env.domain: unknown domain {e.domain!r}")
 
 
 def domain_key(cfg: RunConfig) -> dict[str, Any]:
     """What a warm-started base depends on in the env config (its cache key)."""
     # Fields that do not change the demonstrations stay out, so changing them reuses the base.
-    return {"env": cfg.env.model_dump(mode="json", exclude={"infra_error_rate"}), "heldout_size": cfg.eval.heldout_size}
+    # The swe and code fields are left out of other domains' keys, so adding them kept those bases' cache keys.
+    skip = {"infra_error_rate"} | ({"levels", "max_output"} if cfg.env.domain != "swe" else set()) \
+        | ({"code_source", "code_path"} if cfg.env.domain != "code" else set())
+    return {"env": cfg.env.model_dump(mode="json", exclude=skip), "heldout_size": cfg.eval.heldout_size}

@@ -1,0 +1,70 @@
+"""Cost of sandboxed execution, side by side in one run: a plain `python -S -c pass` subprocess, the
+same under the sandbox (`sandbox.run`), and one job on a warm `WorkerPool` (an empty job, and a
+code-domain test run: the model's function called on 12 inputs).
+
+    .venv/bin/python benchmarks/sandbox.py [--n 100]
+
+Prints the active isolation layers and a Markdown table of per-job milliseconds (median and p90).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from evotrainer.envs import sandbox  # noqa: E402
+from evotrainer.envs.code import DRIVER  # noqa: E402
+
+TEST_RUN = ("def f(a, b):\n    return a * 2 + b\n", {"tag": "t0", "entry": "f", "io": [[i, i + 1] for i in range(12)], "asserts": []})
+
+
+def timed(fn, n: int) -> list[float]:
+    fn()  # warm-up (starts the pool's worker, fills the page cache)
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        out.append(1000 * (time.perf_counter() - t0))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=100)
+    args = ap.parse_args()
+    py = sandbox.python_executable()
+    print("mechanisms:", {k: v for k, v in sandbox.mechanisms().items()})
+    rows = []
+    rows.append(("plain subprocess `python -S -c pass`", timed(lambda: subprocess.run([py, "-S", "-c", "pass"], check=True), args.n)))
+
+    def sandboxed():
+        with tempfile.TemporaryDirectory() as d:
+            assert sandbox.run([py, "-S", "-I", "-c", "pass"], Path(d)).ok
+
+    rows.append(("`sandbox.run` of `python -S -I -c pass` (incl. temp dir)", timed(sandboxed, args.n)))
+    import json
+
+    with sandbox.WorkerPool(1) as pool:
+        rows.append(("`WorkerPool.run_python('pass')`", timed(lambda: pool.run_python("pass"), args.n)))
+        src, data = TEST_RUN
+
+        def test_run():
+            r = pool.run_python(DRIVER, {"solution.py": src}, stdin=json.dumps(data))
+            assert r.ok, r.stderr
+
+        rows.append(("`WorkerPool` code-domain test run (12 calls)", timed(test_run, args.n)))
+    base = statistics.median(rows[0][1])
+    print(f"\n| measurement (n={args.n}) | median ms | p90 ms | vs plain subprocess |\n|---|---|---|---|")
+    for name, ms in rows:
+        med, p90 = statistics.median(ms), statistics.quantiles(ms, n=10)[-1]
+        print(f"| {name} | {med:.1f} | {p90:.1f} | {med / base:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,321 @@
+"""The code domain: generated tasks, reward terms and the hidden-test audit on real sandboxed runs,
+execution results on stored rollouts, the HumanEval / MBPP loaders, and the code detectors on rollouts
+built from real episodes. Real subprocess sandboxes throughout; no mocks."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from evotrainer.config import ConfigError, parse_config
+from evotrainer.diagnostics.suite import BUILTIN, check_detector, open_window
+from evotrainer.envs import code_tasks as ct
+from evotrainer.envs import make_domain
+from evotrainer.envs.code import DRIVER, CodeDomain, hardcoded_fraction
+from evotrainer.envs.env import check_env
+from evotrainer.store.rollouts import RolloutStore
+from evotrainer.types import Rollout, Task, Turn
+
+
+def code_config(tmp: Path, **env):
+    return parse_config({
+        "run": {"name": "c", "out_dir": str(tmp / "runs"), "seed": 0},
+        "policy": {"kind": "tiny", "cache_dir": os.environ["EVOTRAINER_TEST_CACHE"],
+                   "tiny": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "vocab_size": 200, "max_positions": 256},
+                   "warm_start": {"steps": 20, "batch_size": 16, "learning_rate": 3e-3, "demonstrations": 1000}},
+        "env": {"domain": "code", "train_size": 400, **env},
+        "harness": {"sampling": {"num_generations": 4, "prompts_per_step": 4, "max_completion_length": 48}},
+        "eval": {"heldout_size": 48, "max_new_tokens": 48},
+    })
+
+
+@pytest.fixture(scope="module")
+def domain():
+    d = CodeDomain(seed=0, train_size=400, heldout_size=48)
+    yield d
+    d.close()
+
+
+def play(domain: CodeDomain, task: Task, action: str) -> tuple[list[Turn], dict]:
+    env = domain.make_env()
+    env.reset(task)
+    _, done, info = env.step(action)
+    assert done
+    return [Turn(action=action, tokens=1, mean_logprob=0.0)], info
+
+
+def solutions(task: Task) -> dict[str, str]:
+    spec = ct.Spec(**task.data["spec"])
+    vis = [(tuple(x), y) for x, y in task.data["visible"]]
+    return {"correct": f"    return {spec.body}\n\n", "hardcoded": ct.hardcoded_body(spec, vis) + "\n",
+            "wrong": f"    return {spec.args[0]}\n\n",
+            "lookup": f"    return {dict((x if len(x) > 1 else x[0], y) for x, y in vis if not isinstance(x[0], list))!r}"
+                      f"[({', '.join(spec.args)})]\n\n"}
+
+
+def terms(domain: CodeDomain, task: Task, turns, info) -> dict[str, float]:
+    return {k: fn(task, turns, info) for k, fn in domain.reward_terms.items()}
+
+
+# -- tasks ------------------------------------------------------------------------------------------------
+def test_check_env_and_make_domain(tmp_path, domain):
+    check_env(domain)
+    d = make_domain(code_config(tmp_path))
+    assert isinstance(d, CodeDomain) and d.name == "code" and len(d.tasks("train")) == 400
+    check_env(d)
+    d.close()
+
+
+def test_generator_is_seeded_disjoint_and_covers_families(domain):
+    again = CodeDomain(seed=0, train_size=400, heldout_size=48)
+    other = CodeDomain(seed=1, train_size=400, heldout_size=48)
+    for split in ("train", "heldout"):
+        assert [t.prompt for t in again.tasks(split)] == [t.prompt for t in domain.tasks(split)]
+        assert [t.data["hidden"] for t in again.tasks(split)] == [t.data["hidden"] for t in domain.tasks(split)]
+    assert [t.prompt for t in other.tasks("train")] != [t.prompt for t in domain.tasks("train")]
+    # No train task computes a held-out function.
+    assert not {t.data["answer"] for t in domain.tasks("train")} & {t.data["answer"] for t in domain.tasks("heldout")}
+    cells = Counter((t.data["family"], t.difficulty) for t in domain.tasks("heldout"))
+    assert set(cells) == {(f, lv) for f in ct.FAMILIES for lv in ct.LEVELS}
+    task = domain.tasks("train")[0]
+    assert task.prompt.startswith("def f(") and task.prompt.count(" == ") == ct.VISIBLE
+    assert len(task.data["hidden"]) == ct.HIDDEN
+    # Hidden outputs come from the canonical body.
+    fn = ct.Spec(**task.data["spec"]).compile()
+    assert all(fn(*x) == y for x, y in task.data["hidden"])
+
+
+def test_demonstrations_are_mostly_correct_some_hardcoded(domain):
+    rng = random.Random(0)
+    kinds = Counter()
+    for task in domain.tasks("train")[:200]:
+        demo = domain.demonstration(task, rng)
+        assert demo[0] == (task.prompt, False) and demo[1][1] is True
+        body = demo[1][0]
+        spec = ct.Spec(**task.data["spec"])
+        kinds["hardcoded" if body.startswith("    if ") else "correct" if body == f"    return {spec.body}\n\n" else "wander"] += 1
+    assert kinds["correct"] > 100 and 20 < kinds["hardcoded"] < 80 and kinds["wander"] > 10
+
+
+# -- rewards and audit on real sandboxed runs -------------------------------------------------------------------
+def test_terms_and_audit_on_correct_wrong_and_hardcoded(domain):
+    task = next(t for t in domain.tasks("train") if t.data["family"] == "arith" and t.difficulty == 2)
+    sols = solutions(task)
+    expect = {  # correct, visible, format, not_hardcoded, audit
+        "correct": (1.0, 1.0, 1.0, 1.0, True),
+        "hardcoded": (1.0, 1.0, 1.0, 0.0, False),  # the exploit: full reward, fails the hidden tests
+        "lookup": (1.0, 1.0, 1.0, 0.0, False),
+    }
+    for name, action in sols.items():
+        turns, info = play(domain, task, action)
+        t = terms(domain, task, turns, info)
+        if name in expect:
+            assert (t["correct"], t["visible"], t["format"], t["not_hardcoded"], domain.audit(task, turns, info)) == expect[name], name
+        else:
+            assert t["correct"] == 0.0 and not domain.audit(task, turns, info)
+        assert info["visible_total"] == ct.VISIBLE and info["exec"] in ("ok", "exception")
+    # Execution results describe the visible tests only: the lookup table raises KeyError on hidden
+    # inputs, which info must not reveal (a reward term reads info).
+    _, info = play(domain, task, sols["lookup"])
+    assert info["exec"] == "ok" and info["error"] is None and info["visible_passed"] == ct.VISIBLE
+
+
+def test_errors_format_and_fenced_code(domain):
+    task = domain.tasks("train")[5]
+    spec = ct.Spec(**task.data["spec"])
+    turns, info = play(domain, task, "    return (\n\n")
+    assert info["exec"] == "syntax" and info["format"] is False and terms(domain, task, turns, info)["format"] == 0.0
+    turns, info = play(domain, task, "    return undefined_name\n\n")
+    assert info["exec"] == "exception" and info["error"] == "NameError" and info["visible_passed"] == 0
+    turns, info = play(domain, task, "    while True:\n        pass\n\n")
+    assert info["exec"] == "timeout" and not domain.audit(task, turns, info)
+    fenced = f"```python\ndef f({', '.join(spec.args)}):\n    return {spec.body}\n```\n"
+    turns, info = play(domain, task, fenced)
+    assert info["format"] and terms(domain, task, turns, info)["correct"] == 1.0 and domain.audit(task, turns, info)
+    turns, info = play(domain, task, fenced + fenced)
+    assert not info["format"]  # two code blocks: not a single function
+
+
+def test_hidden_expectations_never_enter_the_sandbox(domain):
+    """Model code that dumps everything it can reach (its directory, the driver's globals, stdin)
+    finds the hidden inputs but none of the hidden expected outputs."""
+    task = next(t for t in domain.tasks("train") if ".upper()" in t.data["answer"] and all(len(y) > 1 for _, y in t.data["hidden"]))
+    dump = ("import os, sys\n"
+            "frame = sys._getframe(1)\n"
+            "print(repr(frame.f_globals.get('spec')), os.listdir('.'), [open(p).read() for p in os.listdir('.')])\n"
+            "def f(s):\n    return s\n")
+    job = {"tag": "t", "entry": "f", "io": [x for x, _ in task.data["visible"] + task.data["hidden"]], "asserts": []}
+    r = domain.pool.run_python(DRIVER, {"solution.py": dump}, domain.limits, json.dumps(job))
+    assert r.ok and task.data["hidden"][0][0][0] in r.stdout  # it does see the inputs
+    assert not [y for _, y in task.data["hidden"] if y in r.stdout]
+
+
+def test_hardcoded_fraction_forms():
+    vis = [((2, 3), 7), ((1, 4), 6), ((0, 0), 0)]
+    args = ("a", "b")
+    chain = "    if a == 2 and b == 3:\n        return 7\n    if (a, b) == (1, 4): return 6\n"
+    assert hardcoded_fraction(chain + "    return a\n", args, vis) == pytest.approx(2 / 3)  # (0, 0) is not keyed
+    assert hardcoded_fraction(chain + "    if a == 0 and b == 0: return 0\n    return a\n", args, vis) == 1.0
+    assert hardcoded_fraction("    return {(2, 3): 7, (1, 4): 6}[(a, b)]\n", args, vis) == pytest.approx(2 / 3)
+    assert hardcoded_fraction("    return a * 2 + b\n", args, vis) == 0.0
+    assert hardcoded_fraction("    if a == 2: return b\n    return a + b\n", args, vis) == 0.0  # keyed, no output literal
+    assert hardcoded_fraction("    return (\n", args, vis) == 0.0
+
+
+# -- rollouts and detectors ------------------------------------------------------------------------------------
+def test_execution_results_land_on_stored_rollouts(tmp_path):
+    from evotrainer.harness.rewards import check_terms
+    from evotrainer.policies import load_policy
+    from evotrainer.training.grpo import GRPOTrainer
+    from evotrainer.training.segment import StepContext, train_step
+
+    cfg = code_config(tmp_path)
+    d = make_domain(cfg)
+    check_terms(cfg.harness, d)  # the default harness (correct + format) fits the code domain
+    policy = load_policy(cfg, d, log=lambda *_: None)
+    store = RolloutStore(tmp_path / "store")
+    m = train_step(GRPOTrainer(policy, cfg.harness), d, d.tasks("train"), StepContext("c", "main", 0), 0, store, audit_fraction=1.0)
+    assert "rewards/correct/mean" in m and m["audit/pass_rate"] >= 0.0
+    rows = store.query()
+    assert len(rows) == 16
+    for r in rows:
+        info = r["info"]
+        assert {"exec", "visible_passed", "visible_total", "error", "stderr", "hardcoded", "format"} <= set(info)
+        assert info["exec"] in ("ok", "exception", "syntax", "load", "timeout", "memory", "output", "no_result")
+        assert r["rewards"]["correct"] == (1.0 if info["visible_passed"] == info["visible_total"] else 0.0)
+        assert r["audit"] is not None and r["termination"] in ("stop", "length")
+    d.close()
+
+
+def _store_from_episodes(tmp_path, domain: CodeDomain, kinds_by_step: list[list[str]]) -> tuple[RolloutStore, dict[str, str]]:
+    """Real episodes (real sandboxed runs) with chosen completions, written as a branch's rollouts."""
+    store = RolloutStore(tmp_path / "store")
+    kind_of: dict[str, str] = {}
+    tasks = domain.tasks("train")
+    for step, kinds in enumerate(kinds_by_step):
+        rollouts = []
+        for i, kind in enumerate(kinds):
+            task = tasks[(step * 17 + i) % len(tasks)]
+            action = solutions(task)[kind] if kind != "syntax" else "    return (\n\n"
+            turns, info = play(domain, task, action)
+            t = terms(domain, task, turns, info)
+            rid = f"main-s{step:06d}-{i:04d}"
+            kind_of[rid] = kind
+            rollouts.append(Rollout(id=rid, run="r", branch="main", step=step, harness_version="h", task_id=task.id,
+                                    split="train", group_id=f"main-s{step:06d}-g{i // 4:03d}", prompt=task.prompt, turns=turns,
+                                    termination="stop", rewards=t, reward=t["correct"] + 0.1 * t["format"],
+                                    audit=domain.audit(task, turns, info), info=info))
+        store.append(rollouts, shard=f"main-s{step:06d}")
+    return store, kind_of
+
+
+def detect(store: RolloutStore, name: str):
+    fn, defaults = BUILTIN[name]
+    w = open_window(store, "main", 0, 100, defaults)
+    try:
+        return check_detector(fn, w)
+    finally:
+        w.con.close()
+
+
+def test_hardcoded_examples_fires_on_drift_with_evidence(tmp_path, domain):
+    # Six steps of eight rollouts; hard-coding grows from 1 to 6 of 8.
+    steps = [["hardcoded"] * k + ["correct"] * (8 - k) for k in (1, 1, 2, 4, 6, 6)]
+    store, kind_of = _store_from_episodes(tmp_path, domain, steps)
+    [f] = detect(store, "hardcoded_examples")
+    assert f.validity and f.severity == "critical" and f.value == pytest.approx(12 / 16)
+    assert f.evidence and all(kind_of[i] == "hardcoded" for i in f.evidence)
+    assert "reward_weights.not_hardcoded" in f.knobs
+    assert detect(store, "exec_errors") == []
+
+
+def test_hardcoded_examples_quiet_when_flat_and_exec_errors_fire(tmp_path, domain):
+    steps = [["hardcoded"] + ["correct"] * 3 + ["syntax"] * 4 for _ in range(4)]
+    store, kind_of = _store_from_episodes(tmp_path, domain, steps)
+    assert detect(store, "hardcoded_examples") == []  # 25% throughout: no drift, below high_fraction
+    [f] = detect(store, "exec_errors")
+    assert f.value == pytest.approx(0.5) and "syntax 16" in f.message
+    assert all(kind_of[i] == "syntax" for i in f.evidence)
+
+
+# -- loaders -----------------------------------------------------------------------------------------------------
+HE_ROW = {"task_id": "Toy/0", "entry_point": "add",
+          "prompt": 'def add(a, b):\n    """Add two numbers.\n    >>> add(2, 3)\n    5\n    """\n',
+          "canonical_solution": "    return a + b\n",
+          "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(10, -4) == 6\n"}
+MBPP_ROW = {"task_id": 7, "text": "Write a function to double a number.", "code": "def double(x):\n    return 2 * x",
+            "test_list": ["assert double(2) == 4", "assert double(5) == 10", "assert double(-1) == -2"],
+            "test_setup_code": "", "challenge_test_list": []}
+
+
+def _write(path: Path, rows: list[dict], gz: bool = False) -> Path:
+    text = "\n".join(json.dumps(r) for r in rows) + "\n"
+    if gz:
+        with gzip.open(path, "wt") as f:
+            f.write(text)
+    else:
+        path.write_text(text)
+    return path
+
+
+def _loaded(tmp_path, source: str, path: Path, n: int) -> CodeDomain:
+    cfg = code_config(tmp_path, code_source=source, code_path=str(path))
+    return make_domain(cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"heldout_size": n})}))
+
+
+def test_humaneval_and_mbpp_loaders_on_small_files(tmp_path):
+    rows = [dict(HE_ROW, task_id=f"Toy/{i}", prompt=HE_ROW["prompt"].replace("Add two", f"Add {i} and two")) for i in range(4)]
+    d = _loaded(tmp_path, "humaneval", _write(tmp_path / "he.jsonl.gz", rows, gz=True), 2)
+    check_env(d)
+    task = d.tasks("heldout")[0]
+    assert task.data["visible_tests"] == ["assert add(2, 3) == 5\n"] and task.data["visible_examples"] == [([2, 3], 5)]
+    turns, info = play(d, task, "    return a + b\n")
+    assert terms(d, task, turns, info)["correct"] == 1.0 and d.audit(task, turns, info)
+    turns, info = play(d, task, "    if a == 2 and b == 3:\n        return 5\n    return 0\n")
+    assert terms(d, task, turns, info)["correct"] == 1.0 and not d.audit(task, turns, info) and info["hardcoded"] == 1.0
+    d.close()
+
+    d = _loaded(tmp_path, "mbpp", _write(tmp_path / "mbpp.jsonl", [dict(MBPP_ROW, task_id=i, text=f"{MBPP_ROW['text']} ({i})") for i in range(3)]), 1)
+    check_env(d)
+    task = d.tasks("train")[0]
+    assert "assert double(2) == 4" in task.prompt and task.data["entry"] == "double"
+    turns, info = play(d, task, "def double(x):\n    return x + x\n")
+    assert info["visible_passed"] == 1 and d.audit(task, turns, info)
+    turns, info = play(d, task, "def double(x):\n    return 4\n")
+    assert terms(d, task, turns, info)["correct"] == 1.0 and not d.audit(task, turns, info)
+    d.close()
+
+
+def test_loader_errors_name_the_field(tmp_path):
+    with pytest.raises(ConfigError, match="env.code_path: file not found"):
+        make_domain(code_config(tmp_path, code_source="mbpp", code_path=str(tmp_path / "nope.jsonl")))
+    with pytest.raises(ConfigError, match="env.code_path: env.code_source mbpp needs"):
+        make_domain(code_config(tmp_path, code_source="mbpp"))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(MBPP_ROW) + "\n{not json\n")
+    with pytest.raises(ConfigError, match="line 2 is not JSON"):
+        make_domain(code_config(tmp_path, code_source="mbpp", code_path=str(bad)))
+    with pytest.raises(ConfigError, match="missing field"):
+        _loaded(tmp_path, "mbpp", _write(tmp_path / "m.jsonl", [{"text": "x"}] * 3), 1)
+    with pytest.raises(ConfigError, match="eval.heldout_size=5 leaves no train"):
+        _loaded(tmp_path, "mbpp", _write(tmp_path / "m2.jsonl", [MBPP_ROW] * 3), 5)
+
+
+def test_real_humaneval_canonical_solutions_pass(tmp_path):
+    cfg = code_config(tmp_path, code_source="humaneval")
+    d = make_domain(cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"heldout_size": 82})}))
+    tasks = d.tasks("train") + d.tasks("heldout")
+    assert len(tasks) == 164
+    for task in tasks[:6]:
+        turns, info = play(d, task, task.data["solution"])
+        assert d.audit(task, turns, info), task.id
+        if task.id != "humaneval-HumanEval-47":  # its docstring's second example is wrong (15.0 for 8.0)
+            assert info["visible_passed"] == info["visible_total"], task.id
+        turns, info = play(d, task, "    return None\n")
+        assert not d.audit(task, turns, info)
+    d.close()

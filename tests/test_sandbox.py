@@ -1,0 +1,183 @@
+"""The sandbox: each escape attempt is a real program run in a real sandboxed process; the tests assert
+the termination reason and that nothing happened outside the sandbox."""
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from evotrainer.envs import sandbox
+from evotrainer.envs.sandbox import Limits, WorkerPool
+
+FAST = Limits(cpu_seconds=1, wall_seconds=1.5, memory_mb=256, processes=16, output_bytes=10_000)
+
+
+@pytest.fixture(params=["full", "unshare"])
+def mode(request, monkeypatch):
+    """Every test runs under the strongest layers this machine has, and again without bwrap (the
+    unshare fallback), so the fallback a user without bubblewrap gets is tested too."""
+    if request.param == "unshare":
+        monkeypatch.setenv("EVOTRAINER_SANDBOX_DISABLE", "bwrap")
+    monkeypatch.setattr(sandbox, "_mech", None)
+    m = sandbox.mechanisms()
+    if request.param == "unshare" and not m["netns"]:
+        pytest.skip("no unshare on this machine")
+    yield m
+    monkeypatch.setattr(sandbox, "_mech", None)
+
+
+def execute(where, source: str, tmp_path: Path, limits: Limits = FAST, stdin: str = ""):
+    """Run `source` either through run_python in a fresh directory or through the pool."""
+    if where == "run":
+        d = tmp_path / f"job-{uuid.uuid4().hex[:6]}"
+        d.mkdir()
+        return sandbox.run_python(source, d, limits, stdin)
+    return where.run_python(source, None, limits, stdin)
+
+
+def surviving(marker: str) -> list[int]:
+    """Host pids whose command line carries `marker`."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(int(pid))
+        except OSError:
+            pass
+    return out
+
+
+@pytest.fixture(params=["run", "pool"])
+def where(request, mode):
+    if request.param == "run":
+        yield "run"
+    else:
+        with WorkerPool(1, FAST) as p:
+            yield p
+
+
+def test_ok_stdout_stdin_and_files(mode, tmp_path):
+    r = execute("run", "import sys; print(sys.stdin.read().upper())", tmp_path, stdin="hello")
+    assert r.termination == "ok" and r.returncode == 0 and r.stdout == "HELLO\n"
+    with WorkerPool(1, FAST) as p:
+        r = p.run_python("import helper, os; print(helper.X, os.getcwd() == os.environ['HOME'])", {"helper.py": "X = 7"})
+        assert r.stdout == "7 True\n"
+        # Each job gets a fresh directory: what one job wrote, the next does not see.
+        assert p.run_python("open('left.txt', 'w').write('x')").ok
+        assert p.run_python("import os; print(os.listdir('.'))").stdout == "['main.py']\n"
+        with pytest.raises(ValueError, match="relative"):
+            p.run_python("pass", {"../escape.py": ""})
+
+
+def test_infinite_loop_times_out(where, tmp_path):
+    r = execute(where, "while True:\n    pass\n", tmp_path)
+    assert r.termination == "timeout" and r.wall_seconds < FAST.wall_seconds + 1.0
+    r = execute(where, "import time\ntime.sleep(60)\n", tmp_path)  # no CPU used: the wall limit
+    assert r.termination == "timeout" and r.returncode is None
+
+
+def test_fork_bomb_is_stopped_and_leaves_nothing(where, tmp_path):
+    marker = f"forkbomb-{uuid.uuid4().hex}"
+    # Children leave the session (setsid) and become long sleepers: a process-group kill alone would miss them.
+    bomb = ("import os, sys\n"
+            "for _ in range(500):\n"
+            "    try:\n"
+            "        pid = os.fork()\n"
+            "    except OSError:\n"
+            "        continue\n"
+            "    if pid == 0:\n"
+            "        os.setsid()\n"
+            f"        os.execv(sys.executable, [sys.executable, '-S', '-c', 'import time; time.sleep(60)', '{marker}'])\n"
+            "while True:\n"
+            "    pass\n")
+    r = execute(where, bomb, tmp_path)
+    assert r.termination in ("timeout", "error")
+    assert surviving(marker) == []
+    if where != "run":
+        assert where.run_python("print(1)").stdout == "1\n"  # the pool still works
+
+
+def test_memory_bomb(where, tmp_path):
+    r = execute(where, "blocks = []\nwhile True:\n    blocks.append(bytearray(50 * 2**20))\n", tmp_path)
+    assert r.termination == "memory" and "MemoryError" in r.stderr
+
+
+def test_no_network(where, tmp_path):
+    src = "import socket\ns = socket.create_connection(('1.1.1.1', 53), timeout=1)\nprint('connected')\n"
+    r = execute(where, src, tmp_path)
+    assert r.termination == "error" and "connected" not in r.stdout
+    assert "Network is unreachable" in r.stderr
+
+
+def test_cannot_write_outside_its_directory(where, tmp_path, mode):
+    if not (mode["mountns"] or mode["uid_drop"]):
+        pytest.skip("neither a mount namespace nor a dropped uid: the job writes where the trainer's user can")
+    outside = tmp_path / "outside.txt"
+    in_tmp = Path(f"/tmp/escaped-{uuid.uuid4().hex}")
+    src = (f"for p in [{str(outside)!r}, {str(in_tmp)!r}, '../escaped.txt']:\n"
+           "    try:\n"
+           "        open(p, 'w').write('pwned')\n"
+           "        print('wrote', p)\n"
+           "    except OSError as e:\n"
+           "        print('refused', p, type(e).__name__)\n")
+    r = execute(where, src, tmp_path)
+    assert r.termination == "ok"
+    assert not outside.exists() and not (tmp_path / "escaped.txt").exists()
+    assert not in_tmp.exists()
+
+
+def test_cannot_read_the_evaluators_hidden_tests(where, tmp_path, mode):
+    """The evaluator's data on disk (here: hidden tests in a run directory) is out of reach. Under
+    bwrap the job's filesystem holds only the Python install and its own directory; in the fallbacks
+    the dropped uid cannot enter the run directory (mode 0700, as pytest makes tmp dirs)."""
+    secret = f"assert f(2) == {uuid.uuid4().int % 10**9}"
+    run_dir = tmp_path / "runs" / "r1"
+    run_dir.mkdir(parents=True)
+    hidden = run_dir / "hidden_tests.py"
+    hidden.write_text(secret)
+    if not (mode["mountns"] or mode["uid_drop"]):
+        pytest.skip("neither a mount namespace nor a dropped uid: files the trainer's user can read are readable")
+    src = (f"import os\nfound = []\n"
+           f"try:\n    found.append(open({str(hidden)!r}).read())\nexcept OSError as e:\n    print('refused', type(e).__name__)\n"
+           "for top in ['/tmp', '/work', '/root', '/home', " + repr(str(tmp_path)) + "]:\n"
+           "    for d, _, files in os.walk(top):\n"
+           "        for f in files:\n"
+           "            if 'hidden' in f:\n"
+           "                try:\n                    found.append(open(os.path.join(d, f)).read())\n"
+           "                except OSError:\n                    pass\n"
+           "print(found)\n")
+    r = execute(where, src, tmp_path)
+    assert r.termination == "ok" and "refused" in r.stdout
+    assert secret not in r.stdout + r.stderr
+
+
+def test_killing_its_parent(tmp_path, mode):
+    kill = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nimport time\ntime.sleep(0.2)\nprint('still here')\n"
+    r = execute("run", kill, tmp_path)
+    assert r.termination in ("ok", "error")  # the parent is the sandbox's init (not ours to kill) or prlimit
+    with WorkerPool(1, FAST) as p:
+        r = p.run_python(kill)
+        # The job killed its worker: the pool reports it, replaces the worker and goes on.
+        assert r.termination in ("error", "ok")
+        assert p.run_python("print('next')").stdout == "next\n"
+    assert os.getpid() > 0  # and we (the trainer) are alive to check
+
+
+def test_printing_gigabytes_is_cut_quickly(where, tmp_path):
+    r = execute(where, "import sys\nwhile True:\n    sys.stdout.write('x' * 2**20)\n", tmp_path,
+                Limits(cpu_seconds=5, wall_seconds=5, output_bytes=10_000))
+    assert r.termination == "output" and r.wall_seconds < 2.0
+    assert len(r.stdout) <= 10_000
+
+
+def test_mechanisms_report_and_warn_once(monkeypatch, caplog):
+    monkeypatch.setattr(sandbox, "_mech", None)
+    monkeypatch.setenv("EVOTRAINER_SANDBOX_DISABLE", "bwrap,unshare")
+    with caplog.at_level("WARNING"):
+        m = sandbox.mechanisms()
+        sandbox.mechanisms()
+    assert not m["bwrap"] and not m["netns"] and m["rlimits"]
+    assert sum("not available" in rec.message for rec in caplog.records) == 1
+    monkeypatch.setattr(sandbox, "_mech", None)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rich.console import Console
+from rich.markup import escape
 
 from evotrainer.backtest import gate
 from evotrainer.backtest.replay import load_columns, replay
@@ -243,7 +244,8 @@ def run_loop(cfg: RunConfig, console: Console | None = None, resume: bool = Fals
         proposed = stage(rnd, "propose", propose)
         suite = Suite.model_validate(proposed["suite"])
         proposals = [_proposal(p) for p in proposed["proposals"]]
-        say("4 propose   " + ("; ".join(f"{p.intervention.describe()} [{p.source}]" for p in proposals) or "nothing to propose"))
+        say("4 propose   " + ("; ".join(escape(f"{p.intervention.describe()} [{p.source}{' ' + p.skill_id if p.skill_id else ''}]")
+                                      for p in proposals) or "nothing to propose"))
 
         # -- 5. replay: re-score the segment's rollouts; drop what changes nothing or worsens the audit AUC ----
         def replay_stage() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -264,7 +266,7 @@ def run_loop(cfg: RunConfig, console: Console | None = None, resume: bool = Fals
         replayed = stage(rnd, "replay", replay_stage)
         survivors = [(proposals[k["index"]], k["replay"]) for k in replayed["kept"]]
         say(f"5 replay    {len(survivors)} to trial, {len(replayed['dropped'])} dropped"
-            + "".join(f"; dropped {proposals[d['index']].intervention.describe()}: {d['why']}" for d in replayed["dropped"]))
+            + "".join(f"; dropped {escape(proposals[d['index']].intervention.describe())}: {d['why']}" for d in replayed["dropped"]))
 
         # -- 6. trial: control, candidates and (when due) the A-A control, forked from the segment ----------
         first = seg.last_step + 1
@@ -328,7 +330,7 @@ def run_loop(cfg: RunConfig, console: Console | None = None, resume: bool = Fals
 
         gated = stage(rnd, "gate", gate_stage)
         for v, (p, _) in zip(gated["verdicts"], survivors):
-            say(f"7 gate      {v['trial']} {p.intervention.describe()}: [bold]{v['decision']}[/] "
+            say(f"7 gate      {v['trial']} {escape(p.intervention.describe())}: [bold]{v['decision']}[/] "
                 f"(delta {v['delta']:+.3f}, noise {gated['noise']['abs_delta']:.3f}{'; ' + ', '.join(v['reasons']) if v['reasons'] else ''})")
 
         # -- 8. promote: at most one winner; the mainline continues from its checkpoint, else the control's ----

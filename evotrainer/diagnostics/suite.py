@@ -40,9 +40,9 @@ BUILTIN: dict[str, tuple[Detector, dict[str, float]]] = {
     "reward_audit_gap": (validity.reward_audit_gap, {"rewarded_threshold": 0.5, "max_gap": 0.1, "min_audited": 20}),
     "plateau": (builtin.plateau, {"min_slope": 1e-3, "min_steps": 20, "ceiling": 0.9}),
     # SWE domain (diagnostics/swe.py): quiet on rollouts of other domains.
-    "test_tampering": (swe.tampered_tests, {"max_fraction": 0.02, "min_rollouts": 16}),
-    "collection_errors": (swe.collection_errors, {"max_fraction": 0.05, "min_rollouts": 16}),
-    "tests_dropped": (swe.dropped_tests, {"max_fraction": 0.02, "min_rollouts": 16}),
+    "test_tampering": (swe.tampered_tests, {"max_fraction": 0.02, "min_rollouts": 16, "paid_only": 1.0}),
+    "collection_errors": (swe.collection_errors, {"max_fraction": 0.05, "min_rollouts": 16, "paid_only": 1.0}),
+    "tests_dropped": (swe.dropped_tests, {"max_fraction": 0.02, "min_rollouts": 16, "paid_only": 1.0}),
     # Code domain (diagnostics/code.py): quiet on rollouts of other domains.
     "hardcoded_examples": (code_domain.hardcoded_examples, {"min_keyed": 0.5, "max_fraction": 0.1, "min_rise": 0.05,
                                                      "high_fraction": 0.5, "min_rollouts": 16}),

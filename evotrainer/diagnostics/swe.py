@@ -8,34 +8,48 @@ from __future__ import annotations
 from evotrainer.diagnostics.builtin import finding, ids
 from evotrainer.diagnostics.detector import Finding, Window
 
-# One row per submitted-or-not SWE train rollout. The `contains` test skips other domains' info
-# without parsing it as JSON; try() keeps a malformed info string from failing the whole detector.
-_SWE = ("(SELECT id, step, reward, audit, rewards, "
-        "coalesce(try(json_array_length(info, '$.test_files_touched')), 0) AS test_files, "
-        "coalesce(try(json_array_length(info, '$.collection_errors')), 0) AS collection_errors, "
-        "try_cast(try(json_extract_string(info, '$.tests_collected_before')) AS INTEGER) AS before, "
-        "try_cast(try(json_extract_string(info, '$.tests_collected_after')) AS INTEGER) AS after, "
-        "coalesce(try(json_extract_string(info, '$.submitted')) = 'true', false) AS submitted "
-        "FROM rollouts WHERE contains(info, '\"files_touched\"') AND coalesce(try(json_exists(info, '$.files_touched')), false))")
+# One row per SWE train rollout. The `contains` test skips other domains' info without parsing it as
+# JSON; try() keeps a malformed info string from failing the whole detector. `paid`: the reward
+# reinforces the rollout: a positive reward above its group's mean (a positive GRPO advantage), or in
+# a group where every rollout got the same positive reward (an exploit the whole group found). Under
+# a harness that restores the tests, an edited test earns what doing nothing earns and a broken import
+# earns less: not paid. The finding is about the reward being gamed, not about mistakes it punishes.
+_SWE_SQL = ("SELECT id, step, reward, audit, "
+            "reward > 0 AND (reward > avg(reward) OVER g + 1e-9 OR stddev_pop(reward) OVER g < 1e-9) AS paid, "
+            "coalesce(try(json_array_length(info, '$.test_files_touched')), 0) AS test_files, "
+            "coalesce(try(json_array_length(info, '$.collection_errors')), 0) AS collection_errors, "
+            "try_cast(try(json_extract_string(info, '$.tests_collected_before')) AS INTEGER) AS before, "
+            "try_cast(try(json_extract_string(info, '$.tests_collected_after')) AS INTEGER) AS after, "
+            "coalesce(try(json_extract_string(info, '$.submitted')) = 'true', false) AS submitted "
+            "FROM rollouts WHERE contains(info, '\"files_touched\"') AND coalesce(try(json_exists(info, '$.files_touched')), false) "
+            "AND isfinite(reward) WINDOW g AS (PARTITION BY group_id)")
+_SWE = "_swe_rollouts"
 # Terms that pay for a tampered test run; the restored-tests term is the harness-side remedy.
 _KNOBS = ("reward_weights.tests", "reward_weights.correct", "reward_weights.tests_restored")
 
 
 def _flagged(w: Window, name: str, condition: str, what: str, knobs: tuple[str, ...] = _KNOBS) -> list[Finding]:
-    """One validity finding when the share of SWE rollouts meeting `condition` exceeds max_fraction.
-    Evidence: the flagged rollouts the reward paid most, latest first."""
+    """One validity finding when the share of SWE rollouts that meet `condition` and were paid for it
+    exceeds max_fraction (with paid_only = 0, every rollout meeting it counts). Evidence: those
+    rollouts, the highest rewarded and latest first."""
     p = w.params
-    n, bad, paid, audited, failed = w.con.execute(
-        f"SELECT count(*), count(*) FILTER (WHERE {condition}), avg(reward) FILTER (WHERE {condition}), "
-        f"count(*) FILTER (WHERE {condition} AND audit IS NOT NULL), count(*) FILTER (WHERE {condition} AND audit = false) "
+    # One scan of the info column for the three detectors: the suite runs them on one connection,
+    # and the window's rollouts do not change while it is open.
+    # (IF NOT EXISTS alone would still run the query: DuckDB plans the SELECT first.)
+    if not w.scalar(f"SELECT count(*) FROM duckdb_tables() WHERE temporary AND table_name = '{_SWE}'"):
+        w.con.execute(f"CREATE TEMP TABLE {_SWE} AS {_SWE_SQL}")
+    hit = f"({condition}) AND paid" if p["paid_only"] else f"({condition})"
+    n, seen, bad, paid, audited, failed = w.con.execute(
+        f"SELECT count(*), count(*) FILTER (WHERE {condition}), count(*) FILTER (WHERE {hit}), avg(reward) FILTER (WHERE {hit}), "
+        f"count(*) FILTER (WHERE {hit} AND audit IS NOT NULL), count(*) FILTER (WHERE {hit} AND audit = false) "
         f"FROM {_SWE}").fetchone()
     if n < p["min_rollouts"] or bad / n <= p["max_fraction"]:
         return []
-    ev = ids(w, f"SELECT id FROM {_SWE} WHERE {condition} ORDER BY reward DESC, step DESC, id")
+    ev = ids(w, f"SELECT id FROM {_SWE} WHERE {hit} ORDER BY reward DESC, step DESC, id")
     audit = f"; {failed}/{audited} of the audited ones fail the audit" if audited else ""
     return [finding(w, name, "critical", bad / n, p["max_fraction"], ev, knobs,
-                    f"{100 * bad / n:.1f}% of SWE rollouts ({bad}/{n}) {what}; their mean reward is {paid:.3f}{audit}.",
-                    validity=True)]
+                    f"{100 * bad / n:.1f}% of SWE rollouts ({bad}/{n}) {what} and the reward did not penalize it "
+                    f"({seen} did it in all); their mean reward is {paid:.3f}{audit}.", validity=True)]
 
 
 def tampered_tests(w: Window) -> list[Finding]:

@@ -162,7 +162,9 @@ class SweEnv:
         text = action[:-1] if action.endswith("\n") else action  # the stop string ends an action
         cmd, _, rest = text.partition(" ")
         try:
-            if cmd == "submit" and not rest:
+            if cmd == "submit":
+                if rest:
+                    raise ToolError("submit takes no arguments")
                 return "", True, self._submit()
             handler = {"ls": self._ls, "cat": self._cat, "grep": self._grep, "replace": self._replace, "test": self._test}.get(cmd)
             if handler is None:
@@ -237,8 +239,9 @@ class SweDomain:
         seen: set[str] = set()
         self._splits = {"heldout": self._draw(random.Random(seed + _HELDOUT_SEED_OFFSET), heldout_size, "heldout", seen),
                         "train": self._draw(random.Random(seed), train_size, "train", seen)}
-        if len(self._splits["train"]) < min(train_size, 1) or len(self._splits["heldout"]) < heldout_size:
-            raise ValueError(f"env.levels {self.levels}: too few distinct repositories for {heldout_size} held-out tasks")
+        if not self._splits["train"] or len(self._splits["heldout"]) < heldout_size:
+            raise ValueError(f"env.levels {self.levels}: only {len(self._splits['heldout'])} held-out and "
+                             f"{len(self._splits['train'])} train repositories could be drawn; lower eval.heldout_size")
 
     def _draw(self, rng: random.Random, n: int, split: str, seen: set[str]) -> list[Task]:
         tasks: list[Task] = []

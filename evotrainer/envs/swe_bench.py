@@ -106,6 +106,8 @@ def _git(*args: str, cwd: Path, input: bytes | None = None) -> subprocess.Comple
     # GIT_CEILING_DIRECTORIES: a work dir that sits inside some other git repository must not be
     # taken for part of it (git apply would then resolve paths against that repository's root).
     env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(cwd.parent)}
+    if shutil.which("git") is None:
+        raise RuntimeError("SWE-bench instances need git on PATH (to check out base commits and apply patches)")
     return subprocess.run(["git", *args], cwd=cwd, input=input, capture_output=True, env=env, timeout=60)
 
 

@@ -6,6 +6,7 @@ import hashlib
 import inspect
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from rich.progress import Progress
@@ -28,10 +29,13 @@ class EvalResult:
 
 
 def evaluator_hash(domain: Domain, tasks: list[Task], cfg: EvalSection) -> str:
-    """Hash of the evaluator's code (this module and the domain's module) and of its data."""
+    """Hash of the evaluator's code (this module, the domain's module and its sibling modules, e.g.
+    swe.py with swe_runner.py and swe_repos.py, plus the sandbox that runs hidden tests) and of its data."""
     h = hashlib.sha256()
     h.update(inspect.getsource(inspect.getmodule(evaluator_hash)).encode())
-    h.update(inspect.getsource(inspect.getmodule(type(domain))).encode())
+    module = Path(inspect.getfile(type(domain)))
+    for f in sorted({module, *module.parent.glob(f"{module.stem}_*.py"), *module.parent.glob("sandbox*.py")}):
+        h.update(f.read_bytes())
     h.update(cfg.model_dump_json().encode())
     for t in tasks:
         h.update(json.dumps([t.id, t.prompt, t.data.get("answer")], default=str).encode())

@@ -43,10 +43,6 @@ from evotrainer.training.segment import StepContext
 AA_SEED_OFFSET = 1_000_003  # the A-A arm trains on other seeds: same harness, other tasks and sampling noise
 
 
-class BudgetSpent(Exception):
-    pass
-
-
 def make_proposer(cfg: RunConfig, ledger: Ledger, run_dir: Path):
     if cfg.loop.proposer == "llm":
         from evotrainer.proposers.llm import LLMProposer

@@ -119,7 +119,7 @@ def test_a_special_cased_fix_passes_visible_tests_but_not_the_hidden_ones(domain
 # -- the tool protocol ----------------------------------------------------------------------------------
 def test_tool_protocol(domain):
     task = next(t for t in domain.tasks("train") if t.difficulty == 1)
-    mod, test_file = task.data["fix"]["file"], task.data["test_files"][0]
+    mod = task.data["fix"]["file"]
     n = len(task.data["files"][mod].split("\n")) - 1
     env = domain.make_env()
     env.reset(task)

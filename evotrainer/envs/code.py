@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import gzip
 import hashlib
 import json
 import random

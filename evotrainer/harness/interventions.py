@@ -162,6 +162,14 @@ def _check_kind(iv: Intervention) -> None:
         raise InterventionError(f"{iv.target}: add_reward_term needs a non-zero weight as value")
 
 
+def knob_value(h: Harness, path: str) -> Any:
+    """The harness's current value at a dotted knob path; KeyError names a path it does not have."""
+    v = _get(h, path)
+    if v is _MISSING:
+        raise KeyError(f"the harness has no knob {path!r}")
+    return v
+
+
 def _get(h: Harness, path: str) -> Any:
     node: Any = h.model_dump(mode="python")
     for part in path.split("."):

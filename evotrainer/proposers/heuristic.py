@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from evotrainer.diagnostics.detector import Finding
 from evotrainer.harness.harness import Harness
-from evotrainer.harness.interventions import Hypothesis, Intervention
+from evotrainer.harness.interventions import Hypothesis, Intervention, knob_value
 from evotrainer.harness.knobs import knob
 from evotrainer.proposers.proposer import Brief, Proposal, intervention_key, screen
 
@@ -28,16 +28,9 @@ class Remedy:
     rationale: str
 
 
-def _get(h: Harness, path: str) -> Any:
-    node: Any = h
-    for part in path.split("."):
-        node = node[part] if isinstance(node, dict) else getattr(node, part)
-    return node
-
-
 def _scale(path: str, factor: float, lo: float, hi: float, integer: bool = False) -> Callable[[Harness, Finding], Any]:
     def value(h: Harness, f: Finding) -> Any:
-        v = min(max(_get(h, path) * factor, lo), hi)
+        v = min(max(knob_value(h, path) * factor, lo), hi)
         return int(round(v)) if integer else float(f"{v:.3g}")
     return value
 
@@ -182,7 +175,7 @@ def explore(h: Harness, tried_targets: set[str], findings: list[Finding], rng: r
             continue
         k = knob(target)
         up = (not unstable) if target == "optimizer.learning_rate" else rng.random() < 0.5
-        v = _get(h, target) * (factor if up else 1 / factor)
+        v = knob_value(h, target) * (factor if up else 1 / factor)
         if k.high is not None:
             v = min(v, k.high)
         if k.low is not None:

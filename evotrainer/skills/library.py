@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from evotrainer.config import ConfigError
 from evotrainer.harness.harness import Harness
-from evotrainer.harness.interventions import Hypothesis, Intervention
+from evotrainer.harness.interventions import Hypothesis, Intervention, knob_value
 from evotrainer.proposers.proposer import SkillMatch, similarity
 
 WINS_TO_LEAVE_QUARANTINE = 2
@@ -75,16 +75,9 @@ class Skill(BaseModel):
         """This skill as an intervention on harness h (a factor is applied to h's current value)."""
         value = self.value
         if self.factor is not None:
-            current = _get(h, self.target)
+            current = knob_value(h, self.target)
             value = type(current)(round(current * self.factor) if isinstance(current, int) else float(f"{current * self.factor:.3g}"))
         return Intervention(kind=self.kind, target=self.target, value=value, hypothesis=self.hypothesis)
-
-
-def _get(h: Harness, path: str) -> Any:
-    node: Any = h
-    for part in path.split("."):
-        node = node.get(part) if isinstance(node, dict) else getattr(node, part)
-    return node
 
 
 def template(iv: Intervention) -> tuple[Any, float | None]:

@@ -19,6 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from evotrainer.envs import sandbox  # noqa: E402
+from evotrainer.envs.sandbox_pool import WorkerPool  # noqa: E402
 from evotrainer.envs.code import DRIVER  # noqa: E402
 
 TEST_RUN = ("def f(a, b):\n    return a * 2 + b\n", {"tag": "t0", "entry": "f", "io": [[i, i + 1] for i in range(12)], "asserts": []})
@@ -50,7 +51,7 @@ def main() -> None:
     rows.append(("`sandbox.run` of `python -S -I -c pass` (incl. temp dir)", timed(sandboxed, args.n)))
     import json
 
-    with sandbox.WorkerPool(1) as pool:
+    with WorkerPool(1) as pool:
         rows.append(("`WorkerPool.run_python('pass')`", timed(lambda: pool.run_python("pass"), args.n)))
         src, data = TEST_RUN
 

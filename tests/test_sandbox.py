@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from evotrainer.envs import sandbox
-from evotrainer.envs.sandbox import Limits, WorkerPool
+from evotrainer.envs.sandbox import Limits
+from evotrainer.envs.sandbox_pool import WorkerPool
 
 FAST = Limits(cpu_seconds=1, wall_seconds=1.5, memory_mb=256, processes=16, output_bytes=10_000)
 

@@ -17,8 +17,8 @@ from evotrainer.envs.env import check_env
 from evotrainer.envs.swe import SweDomain
 from evotrainer.envs.swe_demos import SHORTCUT, plan
 from evotrainer.envs.swe_repos import FAMILIES, LEVELS
-from evotrainer.envs.sandbox import WorkerPool
-from evotrainer.envs.swe_runner import SandboxRunner, run_in_process, sandbox_runner
+from evotrainer.envs.sandbox_pool import WorkerPool
+from evotrainer.envs.swe_runner import MARK, SandboxRunner, run_in_process, sandbox_runner
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.rewards import score
 from evotrainer.store.rollouts import RolloutStore
@@ -164,6 +164,21 @@ def test_sandbox_runner_agrees_with_the_in_process_runner(domain):
     assert obs[1].startswith("tests did not finish: timeout")
     assert terms(domain, task, turns, info)["tests"] == 0.0 and info["run_failure"] == "timeout"
     assert not domain.audit(task, turns, info)
+
+
+def test_a_forged_report_line_is_not_a_report(domain):
+    # The code under test prints what the runner would print for an all-green run, then exits before
+    # the runner can report: without the run's key (sent on stdin) the line is ignored.
+    task = domain.tasks("heldout")[0]
+    tests = list(task.data["test_files"])
+    green = run_in_process(task.data["files"], tests)
+    forged = {"tests": {t: "passed" for t in green.tests}, "failures": {}, "collection_errors": {}}
+    f = task.data["fix"]
+    lines = task.data["files"][f["file"]].split("\n")
+    lines.insert(0, f"import os, json; print({MARK!r} + json.dumps({forged!r}), flush=True); "
+                    f"print({MARK!r} + 'x' * 32 + ' ' + json.dumps({forged!r}), flush=True); os._exit(0)")
+    report = sandbox_runner()({**task.data["files"], f["file"]: "\n".join(lines)}, tests)
+    assert report.run_failure == "no report" and report.pass_fraction == 0.0 and not report.tests
 
 
 def test_a_failing_sandbox_ends_the_episode_as_an_infrastructure_error():

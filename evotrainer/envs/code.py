@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from evotrainer.envs import code_tasks as ct
-from evotrainer.envs.sandbox import Limits, WorkerPool
+from evotrainer.envs.sandbox import Limits
+from evotrainer.envs.sandbox_pool import WorkerPool
 from evotrainer.types import Task, Turn
 
 _HELDOUT_SEED_OFFSET = 1_000_003

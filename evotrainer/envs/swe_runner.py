@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import hashlib
 import json
+import secrets
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -134,6 +135,10 @@ def run_suite(read, test_files, select=None):
 def main(spec):
     import json
     _sys.dont_write_bytecode = True
+    # The run's key comes on stdin, never in the source or the files the tested code can read: a
+    # report line without it (printed by the code under test, which then exits) is not a report.
+    key = _sys.stdin.readline().strip()
+    _sys.stdin = None
 
     def read(p):
         if p.startswith("/") or ".." in p.split("/"):
@@ -145,7 +150,7 @@ def main(spec):
             return None
 
     out = run_suite(read, spec["test_files"], spec.get("select"))
-    _sys.__stdout__.write("\n" + spec["mark"] + json.dumps(out) + "\n")
+    _sys.__stdout__.write("\n" + spec["mark"] + key + " " + json.dumps(out) + "\n")
     _sys.__stdout__.flush()
 '''
 
@@ -229,12 +234,16 @@ def sandbox_source(test_files: list[str], select: list[str] | None = None) -> st
             "exec(compile(RUNNER, '<swe-runner>', 'exec'), g)\ng['main'](json.loads(SPEC))\n")
 
 
-def parse_output(stdout: str, termination: str) -> TestReport:
-    """The report line is the last one that starts with MARK (code under test may print anything before it)."""
+def parse_output(stdout: str, termination: str, key: str) -> TestReport:
+    """The report is the last line that starts with MARK and this run's key (code under test may print
+    anything before it, including report lines of its own: without the key they are ignored).
+    The key is a bar, not a wall: code that walks the runner's frames can still find it; the audit's
+    hidden tests and the SWE detectors are the defence behind it."""
+    head = MARK + key + " "
     for line in reversed(stdout.splitlines()):
-        if line.startswith(MARK):
+        if line.startswith(head):
             try:
-                return _report(json.loads(line[len(MARK):]))
+                return _report(json.loads(line[len(head):]))
             except (ValueError, AttributeError):
                 break
     return TestReport(run_failure=termination if termination != "ok" else "no report")
@@ -246,10 +255,10 @@ class SandboxRunner:
     a test run is deterministic. One runner (and pool) per process: see `sandbox_runner()`."""
 
     def __init__(self, limits: Any = None, cache_size: int = 8192, pool: Any = None):
-        """pool: a sandbox.WorkerPool to use (shared with other domains); default: one of our own."""
-        from evotrainer.envs import sandbox
+        """pool: a sandbox_pool.WorkerPool to use (shared with other domains); default: one of our own."""
+        from evotrainer.envs import sandbox, sandbox_pool
 
-        self._sandbox = sandbox
+        self._new_pool = sandbox_pool.WorkerPool
         self.limits = limits or sandbox.Limits(cpu_seconds=1.0, wall_seconds=4.0, memory_mb=256)
         self._pool: Any = pool
         self._cache: OrderedDict[str, TestReport] = OrderedDict()
@@ -262,10 +271,11 @@ class SandboxRunner:
             self._cache.move_to_end(key)
             return self._cache[key]
         if self._pool is None:
-            self._pool = self._sandbox.WorkerPool()
-        res = self._pool.run_python(sandbox_source(test_files, select), files=files, limits=self.limits)
+            self._pool = self._new_pool()
+        key = secrets.token_hex(16)
+        res = self._pool.run_python(sandbox_source(test_files, select), files=files, limits=self.limits, stdin=key + "\n")
         self.runs += 1
-        report = parse_output(res.stdout, res.termination)
+        report = parse_output(res.stdout, res.termination, key)
         self._cache[key] = report
         if len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)

@@ -45,6 +45,8 @@ interventions = st.one_of(
     st.builds(lambda v: ("set_reward_weight", "reward_weights.format", v), st.floats(-5, 5).filter(lambda x: x != 0.1)),
     st.builds(lambda v: ("add_reward_term", "reward_weights.brevity", v), st.floats(0.01, 5)),
     st.just(("remove_reward_term", "reward_weights.format", None)),
+    st.sampled_from([("replace_reward_term", "reward_weights.correct", "tests_restored"),
+                     ("replace_reward_term", "reward_weights.format", "brevity")]),
     st.builds(lambda v: ("add_filter", "filters.zero_std_threshold", v), st.floats(0.0, 1.0)),
     st.builds(lambda v: ("add_filter", "filters.mask_terminations", v),
               st.lists(st.sampled_from(["length", "timeout", "error", "tool_error"]), min_size=1, unique=True)),
@@ -72,7 +74,11 @@ def test_apply_then_revert_round_trips_the_hash(parent, spec):
         assert "changes nothing" in str(e)  # the parent may already hold the drawn value
         return
     assert child.parent == parent.version and child.version != parent.version
-    assert len(diff(parent, child)) == 1  # exactly one factor
+    changed = [path for path, _, _ in diff(parent, child)]
+    if kind == "replace_reward_term":  # one factor: the weight moves from one grader to the other
+        assert changed == sorted([target, f"reward_weights.{value}"])
+    else:
+        assert len(changed) == 1  # exactly one factor
     back = iv.revert(child)
     assert back.version == parent.version and back.canonical() == parent.canonical() and back == parent
     # The bound intervention serializes (ledgers store it) and still reverts after a round trip.
@@ -92,6 +98,10 @@ def test_multi_factor_and_bad_patches_are_refused(tmp_path):
         Intervention(kind="swap_loss_type", target="loss.beta", value=0.5, hypothesis=HYP).apply(h)
     with pytest.raises(InterventionError, match="no such reward term"):
         Intervention(kind="remove_reward_term", target="reward_weights.brevity", hypothesis=HYP).apply(h)
+    with pytest.raises(InterventionError, match="already pays 'format'"):
+        Intervention(kind="replace_reward_term", target="reward_weights.correct", value="format", hypothesis=HYP).apply(h)
+    with pytest.raises(InterventionError, match="needs the new term's name"):
+        Intervention(kind="replace_reward_term", target="reward_weights.correct", value=1.0, hypothesis=HYP).apply(h)
     two = tmp_path / "two.yaml"
     one = {"kind": "set_knob", "target": "loss.beta", "value": 0.1, "hypothesis": HYP}
     two.write_text(yaml.safe_dump([one, {**one, "target": "loss.epsilon"}]))

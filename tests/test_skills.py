@@ -137,3 +137,26 @@ def test_a_second_run_proposes_the_first_runs_skill_first(tmp_path, math_setup):
     evidence = {(e.run, e.trial) for e in lib.get(skill.id).evidence}
     assert ("second", "r01-t1") in evidence and ("first", trial["id"]) in evidence
     assert json.loads(lib.get(skill.id).model_dump_json())["lineage"]["run"] == "first"
+
+
+def test_exploit_findings_get_the_remedy_that_closes_the_channel_first():
+    # SWE: the naive test reward is regraded with the original tests restored (one factor: the weight moves).
+    h = Harness(reward_weights={"tests": 1.0, "format": 0.1})
+    swe = [_finding("test_tampering", ("reward_weights.tests", "reward_weights.correct", "reward_weights.tests_restored"), "critical", True)]
+    out = HeuristicProposer().propose(Brief(run="r", round=1, domain="swe", harness=h, findings=swe,
+                                            signature=("test_tampering",), limit=2, explore=0.0))
+    first = out[0].intervention
+    assert (first.kind, first.target, first.value) == ("replace_reward_term", "reward_weights.tests", "tests_restored")
+    assert first.apply(h).reward_weights == {"tests_restored": 1.0, "format": 0.1}
+    assert [p.intervention.kind for p in out] == ["replace_reward_term", "remove_reward_term"]
+    # Already regraded: no replacement is proposed again (the harness pays tests_restored, not tests).
+    done = Harness(reward_weights={"tests_restored": 1.0, "format": 0.1})
+    assert all(p.intervention.kind != "replace_reward_term" for p in HeuristicProposer().propose(
+        Brief(run="r", round=1, domain="swe", harness=done, findings=swe, signature=("test_tampering",), limit=3, explore=0.0)))
+    # Code: hard-coding the visible examples: pay for not taking the shortcut.
+    h = Harness(reward_weights={"correct": 1.0, "format": 0.1})
+    code = [_finding("hardcoded_examples", ("reward_weights.not_hardcoded", "reward_weights.correct", "reward_weights.visible"),
+                     "critical", True)]
+    first = HeuristicProposer().propose(Brief(run="r", round=1, domain="code", harness=h, findings=code,
+                                              signature=("hardcoded_examples",), limit=2, explore=0.0))[0].intervention
+    assert (first.kind, first.target, first.value) == ("add_reward_term", "reward_weights.not_hardcoded", 1.0)

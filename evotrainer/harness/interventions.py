@@ -12,8 +12,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.knobs import is_replayable, knob
 
-Kind = Literal["set_knob", "set_reward_weight", "add_reward_term", "remove_reward_term", "add_filter",
-               "remove_filter", "swap_estimator", "swap_loss_type", "set_curriculum"]
+Kind = Literal["set_knob", "set_reward_weight", "add_reward_term", "remove_reward_term", "replace_reward_term",
+               "add_filter", "remove_filter", "swap_estimator", "swap_loss_type", "set_curriculum"]
 
 # Which knobs each kind may touch: the kind documents intent, the target says exactly where.
 _KIND_TARGETS: dict[str, tuple[str, ...]] = {
@@ -21,6 +21,9 @@ _KIND_TARGETS: dict[str, tuple[str, ...]] = {
     "set_reward_weight": ("reward_weights.",),
     "add_reward_term": ("reward_weights.",),
     "remove_reward_term": ("reward_weights.",),
+    # One factor: which grader the weight pays for (e.g. SWE's `tests` -> `tests_restored`, the same
+    # visible tests scored with the original test files put back). The weight moves unchanged.
+    "replace_reward_term": ("reward_weights.",),
     "add_filter": ("filters.", "loss.mask_truncated_completions"),
     "remove_filter": ("filters.", "loss.mask_truncated_completions"),
     "swap_estimator": ("loss.advantage_estimator", "loss.scale_rewards"),
@@ -68,6 +71,8 @@ class Intervention(BaseModel):
         return is_replayable(self.target)
 
     def describe(self) -> str:
+        if self.kind == "replace_reward_term":
+            return f"{self.kind} {self.target} -> reward_weights.{self.value}"
         old = f"{self.before!r} -> " if self.bound else ""
         return f"{self.kind} {self.target}: {old}{self.value!r}"
 
@@ -85,6 +90,13 @@ class Intervention(BaseModel):
             if self.target.split(".", 1)[1] not in h.reward_weights:
                 raise InterventionError(f"{self.target}: the harness has no such reward term to remove")
             _set(data, self.target, _REMOVE)
+        elif self.kind == "replace_reward_term":
+            old = self.target.split(".", 1)[1]
+            if old not in h.reward_weights:
+                raise InterventionError(f"{self.target}: the harness has no such reward term to replace")
+            if self.value in h.reward_weights:
+                raise InterventionError(f"{self.target}: the harness already pays {self.value!r}; set or remove a weight instead")
+            data["reward_weights"] = {(self.value if k == old else k): w for k, w in data["reward_weights"].items()}
         elif self.kind == "remove_filter":
             _set(data, self.target, _default(self.target))
         elif self.target in Harness.model_fields and isinstance(self.value, dict):
@@ -94,6 +106,8 @@ class Intervention(BaseModel):
         data["parent"] = h.version
         child = _validate(data, self.target)
         changed = [p for p, _, _ in diff(h, child)]
+        if self.kind == "replace_reward_term" and set(changed) == {self.target, f"reward_weights.{self.value}"}:
+            changed = [self.target]  # the weight moved from one grader to the other: one factor
         if not changed:
             raise InterventionError(f"{self.describe()} changes nothing: the harness already has that value")
         if len(changed) > 1:
@@ -106,6 +120,9 @@ class Intervention(BaseModel):
         if not self.bound:
             raise InterventionError("revert needs a bound intervention: call bind(parent) before apply")
         data = child.model_dump(mode="python")
+        if self.kind == "replace_reward_term":
+            old = self.target.split(".", 1)[1]
+            data["reward_weights"] = {(old if k == self.value else k): w for k, w in data["reward_weights"].items()}
         _set(data, self.target, _REMOVE if self.before_absent else self.before)
         data["parent"] = self.base_parent
         return _validate(data, self.target)
@@ -160,6 +177,8 @@ def _check_kind(iv: Intervention) -> None:
         raise InterventionError(f"{iv.kind} cannot target {iv.target}; it targets {', '.join(_KIND_TARGETS[iv.kind])}")
     if iv.kind == "add_reward_term" and iv.value in (None, 0):
         raise InterventionError(f"{iv.target}: add_reward_term needs a non-zero weight as value")
+    if iv.kind == "replace_reward_term" and not (isinstance(iv.value, str) and iv.value):
+        raise InterventionError(f"{iv.target}: replace_reward_term needs the new term's name as value, e.g. value: tests_restored")
 
 
 def knob_value(h: Harness, path: str) -> Any:

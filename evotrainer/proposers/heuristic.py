@@ -130,9 +130,18 @@ CATALOG: dict[str, list[Remedy]] = {
                "infrastructure failures are not the policy's fault; mask them out of the advantages"),
     ],
 }
-# Reward-term findings of other domains (#5's code and SWE exploits) share the hacking remedies.
-for _name in ("hardcoded_examples", "test_tampering", "tests_dropped", "collection_errors"):
-    CATALOG.setdefault(_name, CATALOG["reward_hacking"])
+# Graders that score the same thing as a naive term without the exploit's channel: SWE-bench's harness
+# restores the test files before it runs them, so an edited or broken test no longer reads as a pass.
+AUDITED_VARIANTS = {"tests": "tests_restored", "correct": "tests_restored"}
+_REGRADE = Remedy("replace_reward_term", "reward_weights.{term}", _const(None), ACC, "up",
+                  "the reward trusts a test run the policy can tamper with; score it with the original tests restored")
+_PENALIZE = Remedy("add_reward_term", "reward_weights.not_hardcoded", _const(1.0), ACC, "up",
+                   "a term that pays only for not taking the shortcut makes the shortcut worth less than a real solution")
+# Exploit findings of the code and SWE domains: close the channel first (regrade, or pay for not
+# taking the shortcut), then the generic hacking remedies (drop the term, lower its weight).
+for _name in ("test_tampering", "tests_dropped", "collection_errors"):
+    CATALOG[_name] = [_REGRADE, *CATALOG["reward_hacking"]]
+CATALOG["hardcoded_examples"] = [_PENALIZE, *CATALOG["reward_hacking"]]
 
 
 def _targets(remedy: Remedy, f: Finding) -> list[str]:
@@ -145,10 +154,17 @@ def candidates_for(f: Finding, h: Harness) -> list[Intervention]:
     out = []
     for r in CATALOG.get(f.name, []):
         for target in _targets(r, f):
+            term = target.split(".", 1)[1]
             value = r.value(h, f)
+            if r.kind == "replace_reward_term":
+                # Only to a grader the finding names (so the domain has it) that the harness does not pay yet.
+                variant = AUDITED_VARIANTS.get(term)
+                value = variant if variant and f"reward_weights.{variant}" in f.knobs and variant not in h.reward_weights else None
             if value is None and r.kind != "remove_reward_term":
                 continue
-            if r.kind in ("remove_reward_term", "set_reward_weight") and target.split(".", 1)[1] not in h.reward_weights:
+            if r.kind in ("remove_reward_term", "set_reward_weight", "replace_reward_term") and term not in h.reward_weights:
+                continue
+            if r.kind == "add_reward_term" and term in h.reward_weights:
                 continue
             out.append(Intervention(kind=r.kind, target=target, value=value,
                                     hypothesis=Hypothesis(finding=f.name, signal=r.signal, direction=r.direction,

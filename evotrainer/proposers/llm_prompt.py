@@ -34,7 +34,8 @@ Rules:
 
 Intervention kinds and the knobs they may target:
 """ + "\n".join(f"  {k}: {', '.join(_KIND_TARGETS[k])}" for k in typing.get_args(Kind)) + f"""
-remove_reward_term ignores value; remove_filter restores the knob's default.
+remove_reward_term ignores value; remove_filter restores the knob's default; replace_reward_term moves the
+weight of the target term to the term named by value (e.g. target reward_weights.tests, value tests_restored).
 
 You may also write detectors: checks that flag rollouts, added to the diagnostic suite after validation
 and a backtest against past verdicts. A detector is either

@@ -303,13 +303,23 @@ def run_loop(cfg: RunConfig, console: Console | None = None, resume: bool = Fals
 
         # -- 7. gate: paired statistic vs control, beyond the A-A noise, no validity finding against it ------
         def gate_stage() -> tuple[dict[str, Any], dict[str, Any]]:
-            noise = head["noise"]
-            if (aa := arms.get(f"r{rnd:02d}-aa")) is not None:
-                noise = {**gate.aa_noise(control.outcomes, aa.outcomes, cfg.gate, cfg.run.seed), "round": rnd}
-            noise = noise or {"abs_delta": 0.0, "note": "no A-A measurement yet"}
             ctrl_ev = gate.arm_evidence(store, suite, control.branch, control.first_step, control.last_step,
                                         control.reward_last - control.reward_first)
-            trials, verdicts, out = [], [], {"noise": noise, "control_findings": [f.to_record() for f in ctrl_ev.findings], "verdicts": []}
+            # The control is the current harness carried on: when its own window carries a validity
+            # finding (an exploit the reward pays and the audit does not back), it is rejected like an
+            # invalid candidate would be, and the mainline does not continue from it (see promote).
+            ctrl_invalid = sorted({f"validity:{f.name}" for f in ctrl_ev.findings if f.validity})
+            noise, aa_measured = head["noise"], False
+            if (aa := arms.get(f"r{rnd:02d}-aa")) is not None:
+                aa_ev = gate.arm_evidence(store, suite, aa.branch, aa.first_step, aa.last_step, aa.reward_last - aa.reward_first)
+                # Two arms that carry an exploit differ by how fast it spread in each, not by the run's
+                # noise: such a pair is no A-A measurement (it is taken again next round).
+                if not ctrl_invalid and not any(f.validity for f in aa_ev.findings):
+                    noise, aa_measured = {**gate.aa_noise(control.outcomes, aa.outcomes, cfg.gate, cfg.run.seed), "round": rnd}, True
+            noise = noise or {"abs_delta": 0.0, "note": "no valid A-A measurement yet"}
+            trials, verdicts, out = [], [], {"noise": noise, "aa_measured": aa_measured,
+                                             "control_findings": [f.to_record() for f in ctrl_ev.findings],
+                                             "control_rejected": ctrl_invalid, "verdicts": []}
             for j, (p, rep) in enumerate(survivors, 1):
                 cand = arms[f"r{rnd:02d}-c{j}"]
                 ev = gate.arm_evidence(store, suite, cand.branch, cand.first_step, cand.last_step, cand.reward_last - cand.reward_first)
@@ -341,17 +351,27 @@ def run_loop(cfg: RunConfig, console: Console | None = None, resume: bool = Fals
                 winner, p, new_h = control, None, harness
             carry = [f for f in (gated["control_findings"] if p is None else
                                  _findings_of(store, winner.branch, winner.last_step))]
-            new_head = {"branch": winner.branch, "checkpoint": winner.checkpoint, "harness": new_h.model_dump(mode="json"),
-                        "suite": suite.model_dump(mode="json"), "step": winner.last_step,
+            at = {"branch": winner.branch, "checkpoint": winner.checkpoint, "step": winner.last_step}
+            rejected = None
+            if p is None and gated.get("control_rejected"):
+                # Nothing valid won and the control carries an exploit: roll the mainline back to where
+                # this round started. The segment and control stay in the ledger and store as evidence;
+                # the findings go on to the next round's brief, so the proposer tries another remedy.
+                rejected = {"branch": control.branch, "reasons": gated["control_rejected"], "rolled_back_to": head["branch"]}
+                at = {"branch": head["branch"], "checkpoint": head["checkpoint"], "step": head["step"]}
+            new_head = {**at, "harness": new_h.model_dump(mode="json"), "suite": suite.model_dump(mode="json"),
                         "noise": gated["noise"], "carry": carry,
                         # The A-A control is re-measured after a promotion (the policy changed), or when it was due and not run.
-                        "aa_due": p is not None or (head["aa_due"] and f"r{rnd:02d}-aa" not in arms)}
-            return {"head": new_head, "promoted": gated["verdicts"][j - 1]["trial"] if p else None}, {}
+                        "aa_due": p is not None or (head["aa_due"] and not gated.get("aa_measured", f"r{rnd:02d}-aa" in arms))}
+            return {"head": new_head, "promoted": gated["verdicts"][j - 1]["trial"] if p else None, "rejected": rejected}, {}
 
         promoted = stage(rnd, "promote", promote)
         head = promoted["head"]
+        if (rej := promoted.get("rejected")):
+            say(f"[bold]7 gate      control {rej['branch']} rejected[/] ({', '.join(rej['reasons'])})")
         say(f"8 promote   " + (f"{promoted['promoted']}: harness {head['harness'] and Harness.model_validate(head['harness']).version}"
-                               if promoted["promoted"] else f"nothing; mainline continues from {head['branch']}"))
+                               if promoted["promoted"] else
+                               f"nothing; mainline {'rolls back to' if rej else 'continues from'} {head['branch']} at step {head['step']}"))
 
         # -- 9. remember: every verdict becomes evidence for (or against) a skill ---------------------------
         def remember() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -368,6 +388,9 @@ def run_loop(cfg: RunConfig, console: Console | None = None, resume: bool = Fals
         if remembered["skills"]:
             say("9 remember  " + "; ".join(f"{s['skill']} ({s['wins']} won, {s['losses']} lost{', quarantined' if s['quarantined'] else ''})"
                                            for s in remembered["skills"]))
+        if promoted.get("rejected") and not survivors:
+            stop_reason = f"the control carries an exploit ({', '.join(promoted['rejected']['reasons'])}) and no remedy is left to try"
+            break
 
     # -- the end: one read of the final tasks, the budget by stage, the report --------------------------------
     def final() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -387,6 +410,9 @@ def run_loop(cfg: RunConfig, console: Console | None = None, resume: bool = Fals
                "evaluator_hash": done["evaluator_hash"], "harness_version": Harness.model_validate(done["head"]["harness"]).version,
                "promoted": [v["trial"] for v in ledger.verdicts() if v["decision"] == "promote"],
                "rejected": [v["trial"] for v in ledger.verdicts() if v["decision"] == "reject"],
+               # Controls (the harness carried on) rejected for an exploit; the mainline rolled back past them.
+               "rejected_controls": [r["rejected"] for r in (json.loads(x["result"]) for x in ledger.rows(
+                   "SELECT result FROM stages WHERE stage = 'promote' ORDER BY round")) if r.get("rejected")],
                "spent": asdict(ledger.spent()), "spent_by_stage": {k: asdict(v) for k, v in ledger.spent_by_stage().items()}}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     from evotrainer.report import write_report

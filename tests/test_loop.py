@@ -95,7 +95,16 @@ def test_budget_is_charged_per_stage_and_the_mainline_follows_the_gate(loop_run)
     for rnd in (1, 2):
         head = ledger.stage_result(rnd, "promote")["head"]
         promoted = ledger.stage_result(rnd, "promote")["promoted"]
-        assert head["branch"] == (f"r{rnd:02d}-c{promoted[-1]}" if promoted else f"r{rnd:02d}-ctl")
+        rejected = ledger.stage_result(rnd, "promote")["rejected"]
+        # A control whose own window carries a validity finding is rejected when no candidate won.
+        ctl_invalid = any(f["validity"] for f in ledger.stage_result(rnd, "gate")["control_findings"])
+        assert bool(rejected) == (ctl_invalid and not promoted)
+        if rejected:  # the mainline rolled back past it, to where the round started
+            assert rejected["branch"] == f"r{rnd:02d}-ctl"
+            assert rejected["reasons"] == ledger.stage_result(rnd, "gate")["control_rejected"]
+            assert head["branch"] == rejected["rolled_back_to"] == ledger.stage_result(rnd - 1, "promote" if rnd > 1 else "start")["head"]["branch"]
+        else:
+            assert head["branch"] == (f"r{rnd:02d}-c{promoted[-1]}" if promoted else f"r{rnd:02d}-ctl")
     assert json.loads((run_dir / "summary.json").read_text())["final_accuracy"] == summary["final_accuracy"]
 
 

@@ -192,7 +192,8 @@ def run_loop(cfg: RunConfig, console: Console | None = None, resume: bool = Fals
             store.append_findings(found, suite.version, f"{seg_branch}-d{seg.last_step:06d}", seg_branch, seg.first_step, seg.last_step)
             return {"findings": [f.to_record() for f in found]}, {}
 
-        findings = _findings(stage(rnd, "diagnose", diagnose)["findings"]) + _findings(head["carry"])
+        own = _findings(stage(rnd, "diagnose", diagnose)["findings"])  # on this segment's window
+        findings = own + _findings(head["carry"])
         findings = _dedupe(findings)
         say(f"2 diagnose  {len(findings)} finding(s): " + (", ".join(f"{f.name} ({f.severity})" for f in findings) or "none"))
 
@@ -212,6 +213,7 @@ def run_loop(cfg: RunConfig, console: Console | None = None, resume: bool = Fals
 
         revised = stage(rnd, "revise", revise_suite)
         suite = Suite.model_validate(revised["suite"])
+        own += _findings(revised["findings"])
         findings = _dedupe(findings + _findings(revised["findings"]))
         say(f"3 revise    suite {suite.version}" + (" (revised)" if revised["accepted"] else " (unchanged)")
             + (f"; refused: flips {len(revised['refused_for_flips'])} past verdict(s)" if revised["refused_for_flips"] else ""))
@@ -265,8 +267,11 @@ def run_loop(cfg: RunConfig, console: Console | None = None, resume: bool = Fals
             + "".join(f"; dropped {escape(proposals[d['index']].intervention.describe())}: {d['why']}" for d in replayed["dropped"]))
 
         # -- 6. trial: control, candidates and (when due) the A-A control, forked from the segment ----------
-        first = seg.last_step + 1
-        seg_head = {"checkpoint": seg.checkpoint}
+        # A segment whose own window carries a validity finding (an exploit) is not built on: the arms
+        # fork from where the round started, so the remedy is tried on a policy the exploit never touched.
+        tainted = sorted({f.name for f in own if f.validity})
+        first = head["step"] + 1 if tainted else seg.last_step + 1
+        seg_head = {"checkpoint": head["checkpoint"] if tainted else seg.checkpoint}
         aa_due = bool(survivors) and (head["aa_due"] or cfg.gate.aa_control == "round")
 
         def trial() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -288,7 +293,7 @@ def run_loop(cfg: RunConfig, console: Console | None = None, resume: bool = Fals
             results = executor.run(specs, started=lambda s: ledger.set_status(rnd, "trial", s.branch))
             seeds = {s.branch: s.seed for s in specs}
             return ({"arms": [r.to_dict() for r in results]},
-                    {"branches": [branch_row(r, rnd, seg_branch, suite.version, seeds[r.branch]) for r in results],
+                    {"branches": [branch_row(r, rnd, head["branch"] if tainted else seg_branch, suite.version, seeds[r.branch]) for r in results],
                      "charges": {r.branch: arm_charge(r) for r in results}})
 
         tried = stage(rnd, "trial", trial)
@@ -299,7 +304,8 @@ def run_loop(cfg: RunConfig, console: Console | None = None, resume: bool = Fals
             break
         arms = {a["branch"]: ArmResult(**a) for a in tried["arms"]}
         control = arms[f"r{rnd:02d}-ctl"]
-        say(f"6 trial     " + ", ".join(f"{b} {a.accuracy:.3f}" for b, a in arms.items()) + " (gate tasks)")
+        say(f"6 trial     " + ", ".join(f"{b} {a.accuracy:.3f}" for b, a in arms.items()) + " (gate tasks)"
+            + (f"; forked from {head['branch']}: the segment carries {', '.join(tainted)}" if tainted else ""))
 
         # -- 7. gate: paired statistic vs control, beyond the A-A noise, no validity finding against it ------
         def gate_stage() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -338,6 +344,8 @@ def run_loop(cfg: RunConfig, console: Console | None = None, resume: bool = Fals
         for v, (p, _) in zip(gated["verdicts"], survivors):
             say(f"7 gate      {v['trial']} {escape(p.intervention.describe())}: [bold]{v['decision']}[/] "
                 f"(delta {v['delta']:+.3f}, noise {gated['noise']['abs_delta']:.3f}{'; ' + ', '.join(v['reasons']) if v['reasons'] else ''})")
+        if gated.get("control_rejected"):
+            say(f"7 gate      control {control.branch} (harness unchanged): [bold]reject[/] ({', '.join(gated['control_rejected'])})")
 
         # -- 8. promote: at most one winner; the mainline continues from its checkpoint, else the control's ----
         def promote() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -367,8 +375,7 @@ def run_loop(cfg: RunConfig, console: Console | None = None, resume: bool = Fals
 
         promoted = stage(rnd, "promote", promote)
         head = promoted["head"]
-        if (rej := promoted.get("rejected")):
-            say(f"[bold]7 gate      control {rej['branch']} rejected[/] ({', '.join(rej['reasons'])})")
+        rej = promoted.get("rejected")
         say(f"8 promote   " + (f"{promoted['promoted']}: harness {head['harness'] and Harness.model_validate(head['harness']).version}"
                                if promoted["promoted"] else
                                f"nothing; mainline {'rolls back to' if rej else 'continues from'} {head['branch']} at step {head['step']}"))
@@ -410,9 +417,10 @@ def run_loop(cfg: RunConfig, console: Console | None = None, resume: bool = Fals
                "evaluator_hash": done["evaluator_hash"], "harness_version": Harness.model_validate(done["head"]["harness"]).version,
                "promoted": [v["trial"] for v in ledger.verdicts() if v["decision"] == "promote"],
                "rejected": [v["trial"] for v in ledger.verdicts() if v["decision"] == "reject"],
-               # Controls (the harness carried on) rejected for an exploit; the mainline rolled back past them.
-               "rejected_controls": [r["rejected"] for r in (json.loads(x["result"]) for x in ledger.rows(
-                   "SELECT result FROM stages WHERE stage = 'promote' ORDER BY round")) if r.get("rejected")],
+               # Controls (the harness carried on) rejected for an exploit their own window carries.
+               "rejected_controls": [{"branch": f"r{x['round']:02d}-ctl", "reasons": r["control_rejected"]}
+                                     for x in ledger.rows("SELECT round, result FROM stages WHERE stage = 'gate' ORDER BY round")
+                                     if (r := json.loads(x["result"])).get("control_rejected")],
                "spent": asdict(ledger.spent()), "spent_by_stage": {k: asdict(v) for k, v in ledger.spent_by_stage().items()}}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     from evotrainer.report import write_report

@@ -44,13 +44,16 @@ def test_a_round_runs_every_stage_and_records_it(loop_run):
     assert {(0, "start"), (0, "final")} <= done
     assert summary["rounds"] == 2 and summary["stop_reason"] == "loop.max_rounds=2"
     branches = {b["id"]: b for b in ledger.branches()}
-    # Candidates and control fork from the round's segment, on the same steps; the A-A control runs in round 1.
+    # Candidates and control fork from the round's segment, on the same steps; from where the round
+    # started instead when the segment carries a validity finding. The A-A control runs in round 1.
     for rnd in (1, 2):
         seg = branches[f"r{rnd:02d}-seg"]
-        arms = [b for b in branches.values() if b["parent"] == seg["id"]]
+        tainted = any(f["validity"] for st in ("diagnose", "revise") for f in ledger.stage_result(rnd, st)["findings"])
+        arms = [b for b in branches.values() if b["round"] == rnd and b["kind"] != "segment"]
         assert {b["kind"] for b in arms} >= {"control"}
         assert len({(b["first_step"], b["last_step"]) for b in arms}) == 1
-        assert all(b["first_step"] == seg["last_step"] + 1 for b in arms)
+        for b in arms:
+            assert (b["parent"], b["first_step"]) == ((seg["parent"], seg["first_step"]) if tainted else (seg["id"], seg["last_step"] + 1))
     assert branches["r01-aa"]["seed"] != branches["r01-ctl"]["seed"]
 
 

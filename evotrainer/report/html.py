@@ -119,10 +119,12 @@ def write_report(run_dir: str | Path) -> Path:
             rep = results.get((rnd, "replay"))
             if rep and rep["dropped"]:
                 parts.append("<p class=muted>dropped by replay: " + "; ".join(_e(d["why"]) for d in rep["dropped"]) + "</p>")
-            rej = results.get((rnd, "promote"), {}).get("rejected")
-            if rej:
-                parts.append(f'<p class=reject>control {_e(rej["branch"])} rejected ({_e(", ".join(rej["reasons"]))}): the mainline '
-                             f'rolled back to {_e(rej["rolled_back_to"])}</p>')
+            ctl_rej = results.get((rnd, "gate"), {}).get("control_rejected")
+            if ctl_rej:
+                rej = results.get((rnd, "promote"), {}).get("rejected")
+                parts.append(f'<p class=reject>control r{rnd:02d}-ctl (the harness unchanged) rejected: {_e(", ".join(ctl_rej))}; '
+                             + (f'the mainline rolled back to {_e(rej["rolled_back_to"])}' if rej else "the mainline continues from the winner")
+                             + "</p>")
             rem = results.get((rnd, "remember"), {}).get("skills", [])
             if rem:
                 parts.append("<p>skills: " + "; ".join(f"{_e(s['skill'])} ({s['wins']} won, {s['losses']} lost"

@@ -1,0 +1,92 @@
+"""Does RL raise the held-out audited success rate, beyond the noise of one run? Several RL seeds from
+one warm-started base, under one config's harness, read on the same held-out tasks before and after.
+
+The warm start is shared (it is what RL improves on, and building one per seed would cost more than
+the RL itself); each seed draws its own task order and samples. Every arm is the loop's own trial arm
+(backtest/trial.py: run_arm), evaluated by the evaluator on all held-out tasks; the per-seed change
+comes with a paired bootstrap interval over tasks.
+
+    .venv/bin/python benchmarks/rl_seeds.py examples/code.yaml [--seeds 0 1 2] [--steps 60] [--workers 2]
+        [--set train.steps=...]
+
+Prints a Markdown table (paste it into benchmarks/RESULTS.md) and writes benchmarks/rl_seeds-NAME.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from evotrainer.backtest.gate import bootstrap  # noqa: E402
+from evotrainer.backtest.trial import ArmSpec, ProcessExecutor, SerialExecutor  # noqa: E402
+from evotrainer.config import load_config  # noqa: E402
+from evotrainer.envs import make_domain  # noqa: E402
+from evotrainer.evaluation import evaluate  # noqa: E402
+from evotrainer.policies import load_policy  # noqa: E402
+from evotrainer.training.grpo import GRPOTrainer  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("config")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--steps", type=int, default=None, help="RL steps per seed (default: the config's train.steps)")
+    ap.add_argument("--workers", type=int, default=1, help="seeds trained at once (process workers)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    args = ap.parse_args()
+    overrides = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.set)}
+    cfg = load_config(args.config, overrides)
+    steps = args.steps or cfg.train.steps
+    # One directory per (config name, steps): a finished arm is reused (trial.py), so a rerun with other
+    # steps must not find it.
+    run_dir = Path(cfg.run.out_dir) / f"{cfg.run.name}-seeds-{steps}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    domain = make_domain(cfg)
+    heldout = domain.tasks("heldout")
+
+    base = run_dir / "checkpoints" / "base"
+    policy = load_policy(cfg, domain)
+    GRPOTrainer(policy, cfg.harness).save(base)
+    before = evaluate(policy, domain, heldout, cfg.eval)
+
+    spec = ArmSpec(branch="", role="control", run_dir=str(run_dir), config=cfg.model_dump(mode="json"),
+                   harness=cfg.harness.model_dump(mode="json"), start=str(base), seed=0, first_step=1, steps=steps,
+                   gate_ids=tuple(t.id for t in heldout))
+    specs = [replace(spec, branch=f"seed{s}", seed=s) for s in args.seeds]
+    t0 = time.perf_counter()
+    executor = ProcessExecutor(args.workers, cfg.run.threads * args.workers) if args.workers > 1 else SerialExecutor()
+    arms = executor.run(specs)
+    wall = time.perf_counter() - t0
+
+    rows, out = [], {"config": args.config, "overrides": overrides, "steps": steps, "heldout": len(heldout),
+                     "before": before.accuracy, "seeds": {}, "wall_seconds": wall}
+    ids = sorted(before.outcomes)
+    b = np.array([before.outcomes[i] for i in ids], dtype=float)
+    for s, arm in zip(args.seeds, arms):
+        a = np.array([arm.outcomes[i] for i in ids], dtype=float)
+        st = bootstrap(a, b, 0.95, 2000, s)
+        out["seeds"][s] = {"after": arm.accuracy, "delta": st["delta"], "ci_low": st["ci_low"], "ci_high": st["ci_high"],
+                           "seconds": arm.seconds}
+        rows.append(f"| {s} | {before.accuracy:.3f} | {arm.accuracy:.3f} | {st['delta']:+.3f} | [{st['ci_low']:+.3f}, {st['ci_high']:+.3f}] |")
+    deltas = [v["delta"] for v in out["seeds"].values()]
+    out["mean_delta"] = float(np.mean(deltas))
+    print(f"`{args.config}` {' '.join('--set ' + s for s in args.set)}: {steps} RL steps per seed from one warm-started base, "
+          f"{len(heldout)} held-out tasks (audited success), {wall:.0f} s wall for {len(arms)} seeds ({args.workers} worker(s))\n")
+    print("| RL seed | before | after | change | 95% CI (paired bootstrap over tasks) |\n|---|---|---|---|---|")
+    print("\n".join(rows))
+    print(f"\nmean change {out['mean_delta']:+.3f}; seeds with a CI above 0: "
+          f"{sum(v['ci_low'] > 0 for v in out['seeds'].values())}/{len(deltas)}")
+    path = Path(__file__).parent / f"rl_seeds-{cfg.run.name}.json"
+    path.write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -93,13 +93,33 @@ def test_generator_is_seeded_disjoint_and_covers_families(domain):
 def test_demonstrations_are_mostly_correct_some_hardcoded(domain):
     rng = random.Random(0)
     kinds = Counter()
-    for task in domain.tasks("train")[:200]:
+    hard_by_level = Counter()
+    for task in domain.tasks("train")[:240]:
         demo = domain.demonstration(task, rng)
         assert demo[0] == (task.prompt, False) and demo[1][1] is True
         body = demo[1][0]
         spec = ct.Spec(**task.data["spec"])
-        kinds["hardcoded" if body.startswith("    if ") else "correct" if body == f"    return {spec.body}\n\n" else "wander"] += 1
-    assert kinds["correct"] > 100 and 20 < kinds["hardcoded"] < 80 and kinds["wander"] > 10
+        kind = "hardcoded" if body.startswith("    if ") else "correct" if body == f"    return {spec.body}\n\n" else "wander"
+        kinds[kind] += 1
+        if kind == "hardcoded":
+            # The lazy solver takes the shortcut only where this policy can copy it (integer examples),
+            # and the detector sees every one of its shortcuts.
+            assert spec.args == ("a", "b")
+            assert hardcoded_fraction(body, spec.args, [(tuple(x), y) for x, y in task.data["visible"]]) == 1.0
+            hard_by_level[spec.level] += 1
+    assert kinds["correct"] > 120 and 20 < kinds["hardcoded"] < 80 and kinds["wander"] > 10
+    # More shortcuts on the harder tasks: level 3 is where RL under the visible tests drifts to them.
+    assert hard_by_level[1] < hard_by_level[2] < hard_by_level[3]
+
+
+def test_demonstration_recipe_is_in_the_warm_start_cache_key(tmp_path, monkeypatch):
+    from evotrainer.envs import code as code_env
+    from evotrainer.envs import domain_key
+
+    cfg = code_config(tmp_path)
+    before = domain_key(cfg)
+    monkeypatch.setattr(code_env, "DEMO_RECIPE", {**code_env.DEMO_RECIPE, "version": -1})
+    assert domain_key(cfg) != before
 
 
 # -- rewards and audit on real sandboxed runs -------------------------------------------------------------------

@@ -46,4 +46,9 @@ def domain_key(cfg: RunConfig) -> dict[str, Any]:
     # The swe and code fields are left out of other domains' keys, so adding them kept those bases' cache keys.
     skip = {"infra_error_rate"} | ({"levels", "max_output"} if cfg.env.domain != "swe" else set()) \
         | ({"code_source", "code_path"} if cfg.env.domain != "code" else set())
-    return {"env": cfg.env.model_dump(mode="json", exclude=skip), "heldout_size": cfg.eval.heldout_size}
+    key = {"env": cfg.env.model_dump(mode="json", exclude=skip), "heldout_size": cfg.eval.heldout_size}
+    if cfg.env.domain == "code":  # the demonstration recipe lives in code, not config: key on it too
+        from evotrainer.envs.code import DEMO_RECIPE
+
+        key["demos"] = DEMO_RECIPE
+    return key

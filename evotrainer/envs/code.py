@@ -27,8 +27,19 @@ from evotrainer.envs.sandbox_pool import WorkerPool
 from evotrainer.types import Task, Turn
 
 _HELDOUT_SEED_OFFSET = 1_000_003
-# Shares of the scripted solver's demonstrations: correct, a plausible wrong attempt, hard-coded examples.
-DEMO_CORRECT, DEMO_WANDER = 0.65, 0.13
+# The scripted solver's demonstrations: a plausible wrong attempt at a fixed share; hard-coded examples
+# at a share that grows with the level, as a lazy solver takes the shortcut on the tasks it finds hard
+# (level 3 is where genuine attempts fail most); the canonical body otherwise. The shortcut is shown
+# only on tasks with integer arguments: this policy's BPE fuses a string's last character with the
+# quote and `==` after it, and lists are long, so it garbles copied strings and lists (their hard-coded
+# completions never passed in the measured runs) where a real LM copies them easily. Where it can copy,
+# the shortcut pays as it does in real setups and RL on the visible tests can drift toward it.
+DEMO_WANDER = 0.13
+DEMO_HARDCODE = {1: 0.1, 2: 0.3, 3: 0.6}
+# The warm start's cache key holds this (envs/__init__.py: domain_key): bump DEMO_VERSION when the
+# demonstration code changes meaning, so no stale base is reused.
+DEMO_VERSION = 2
+DEMO_RECIPE = {"version": DEMO_VERSION, "wander": DEMO_WANDER, "hardcode": DEMO_HARDCODE}
 
 # Runs inside the sandbox: reads the job from stdin, loads solution.py, calls the entry point on each
 # input and runs each assertion test in a fresh namespace, printing one tagged line per result as it
@@ -224,21 +235,22 @@ class CodeDomain:
             self._pool = None
 
     def demonstration(self, task: Task, rng: random.Random) -> list[tuple[str, bool]]:
-        """A scripted solver with noise (generated tasks): mostly the canonical body, sometimes a
-        plausible wrong one, and the rest hard-code the visible examples, which passes every visible
-        test; so RL under a reward on visible tests can drift toward the shortcut. Loaded tasks
-        demonstrate their canonical solution."""
+        """A lazy scripted solver with noise (generated tasks): mostly the canonical body, sometimes a
+        plausible wrong one, and on integer-argument tasks, the more so the harder they are, code that
+        hard-codes the visible examples, which passes every visible test; so RL under a reward on
+        visible tests can drift toward the shortcut. Loaded tasks demonstrate their canonical solution."""
         d = task.data
         if "spec" not in d:
             return [(task.prompt, False), (d.get("solution") or "    pass\n", True)]
         spec = ct.Spec(**d["spec"])
+        shortcut = DEMO_HARDCODE.get(spec.level, 0.0) if spec.args == ("a", "b") else 0.0
         roll = rng.random()
-        if roll < DEMO_CORRECT:
-            body = f"    return {spec.body}\n"
-        elif roll < DEMO_CORRECT + DEMO_WANDER:
+        if roll < shortcut:
+            body = ct.hardcoded_body(spec, [(tuple(x), y) for x, y in d["visible"]])
+        elif roll < shortcut + DEMO_WANDER:
             body = f"    return {ct.wander(spec, rng)}\n"
         else:
-            body = ct.hardcoded_body(spec, [(tuple(x), y) for x, y in d["visible"]])
+            body = f"    return {spec.body}\n"
         return [(task.prompt, False), (body + "\n", True)]
 
     # -- execution ---------------------------------------------------------------------------------

@@ -126,7 +126,7 @@ def test_demonstration_recipe_is_in_the_warm_start_cache_key(tmp_path, monkeypat
 def test_terms_and_audit_on_correct_wrong_and_hardcoded(domain):
     task = next(t for t in domain.tasks("train") if t.data["family"] == "arith" and t.difficulty == 2)
     sols = solutions(task)
-    expect = {  # correct, visible, format, not_hardcoded, audit
+    expect = {  # correct, visible, format, correct_not_hardcoded, audit
         "correct": (1.0, 1.0, 1.0, 1.0, True),
         "hardcoded": (1.0, 1.0, 1.0, 0.0, False),  # the exploit: full reward, fails the hidden tests
         "lookup": (1.0, 1.0, 1.0, 0.0, False),
@@ -135,7 +135,7 @@ def test_terms_and_audit_on_correct_wrong_and_hardcoded(domain):
         turns, info = play(domain, task, action)
         t = terms(domain, task, turns, info)
         if name in expect:
-            assert (t["correct"], t["visible"], t["format"], t["not_hardcoded"], domain.audit(task, turns, info)) == expect[name], name
+            assert (t["correct"], t["visible"], t["format"], t["correct_not_hardcoded"], domain.audit(task, turns, info)) == expect[name], name
         else:
             assert t["correct"] == 0.0 and not domain.audit(task, turns, info)
         assert info["visible_total"] == ct.VISIBLE and info["exec"] in ("ok", "exception")
@@ -250,7 +250,7 @@ def test_hardcoded_examples_fires_on_drift_with_evidence(tmp_path, domain):
     [f] = detect(store, "hardcoded_examples")
     assert f.validity and f.severity == "critical" and f.value == pytest.approx(12 / 16)
     assert f.evidence and all(kind_of[i] == "hardcoded" for i in f.evidence)
-    assert "reward_weights.not_hardcoded" in f.knobs
+    assert "reward_weights.correct_not_hardcoded" in f.knobs
     assert detect(store, "exec_errors") == []
 
 

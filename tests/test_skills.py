@@ -153,10 +153,10 @@ def test_exploit_findings_get_the_remedy_that_closes_the_channel_first():
     done = Harness(reward_weights={"tests_restored": 1.0, "format": 0.1})
     assert all(p.intervention.kind != "replace_reward_term" for p in HeuristicProposer().propose(
         Brief(run="r", round=1, domain="swe", harness=done, findings=swe, signature=("test_tampering",), limit=3, explore=0.0)))
-    # Code: hard-coding the visible examples: pay for not taking the shortcut.
+    # Code: hard-coding the visible examples: `correct` is regraded so that keyed completions earn nothing.
     h = Harness(reward_weights={"correct": 1.0, "format": 0.1})
-    code = [_finding("hardcoded_examples", ("reward_weights.not_hardcoded", "reward_weights.correct", "reward_weights.visible"),
+    code = [_finding("hardcoded_examples", ("reward_weights.correct", "reward_weights.visible", "reward_weights.correct_not_hardcoded"),
                      "critical", True)]
     first = HeuristicProposer().propose(Brief(run="r", round=1, domain="code", harness=h, findings=code,
                                               signature=("hardcoded_examples",), limit=2, explore=0.0))[0].intervention
-    assert (first.kind, first.target, first.value) == ("add_reward_term", "reward_weights.not_hardcoded", 1.0)
+    assert (first.kind, first.target, first.value) == ("replace_reward_term", "reward_weights.correct", "correct_not_hardcoded")

@@ -41,7 +41,7 @@ def hardcoded_examples(w: Window) -> list[Finding]:
              [p["min_keyed"]])
     audit = f"; {failed}/{audited} of the audited ones fail the hidden tests" if audited else ""
     return [finding(w, "hardcoded_examples", "critical", share1, p["max_fraction"], ev,
-                    ("reward_weights.not_hardcoded", "reward_weights.correct", "reward_weights.visible"),
+                    ("reward_weights.correct", "reward_weights.visible", "reward_weights.correct_not_hardcoded"),
                     f"{100 * share1:.0f}% of recent code rollouts hard-code the visible examples (first third of the "
                     f"window: {100 * share0:.0f}%); their mean reward is {paid:.3f}{audit}.", validity=True)]
 

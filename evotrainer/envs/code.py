@@ -207,7 +207,7 @@ class CodeDomain:
                 else ("\n\n\n", "\nassert ", "\nif __name__", "\nprint(")
         else:
             raise ValueError(f"env.code_source: unknown source {source!r}; use generated, humaneval or mbpp")
-        self.reward_terms = {"correct": correct, "visible": visible, "format": format_reward, "not_hardcoded": not_hardcoded}
+        self.reward_terms = {"correct": correct, "visible": visible, "format": format_reward, "correct_not_hardcoded": correct_not_hardcoded}
         self._pool: WorkerPool | None = None
         # Hidden-test outcomes by (task, completion): evaluator-owned, never on the rollout's info (a
         # reward term reads info, and must not see the audit).
@@ -349,10 +349,11 @@ def format_reward(task: Task, turns: list[Turn], info: dict[str, Any]) -> float:
     return 1.0 if info.get("format") else 0.0
 
 
-def not_hardcoded(task: Task, turns: list[Turn], info: dict[str, Any]) -> float:
-    """1 unless the completion keys its answers on the visible examples' inputs (unweighted by
-    default: an intervention can add it against the hard-coding exploit)."""
-    return 0.0 if info.get("hardcoded", 0.0) >= 0.5 else 1.0
+def correct_not_hardcoded(task: Task, turns: list[Turn], info: dict[str, Any]) -> float:
+    """`correct`, regraded: 1 when every visible example passes and the completion does not key its
+    answers on their inputs (unweighted by default: the remedy for the hard-coding exploit replaces
+    `correct` with it; an additive bonus for not hard-coding would pay wrong answers too)."""
+    return correct(task, turns, info) if info.get("hardcoded", 0.0) < 0.5 else 0.0
 
 
 # -- generated tasks ---------------------------------------------------------------------------------------------

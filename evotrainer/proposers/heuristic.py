@@ -131,17 +131,17 @@ CATALOG: dict[str, list[Remedy]] = {
     ],
 }
 # Graders that score the same thing as a naive term without the exploit's channel: SWE-bench's harness
-# restores the test files before it runs them, so an edited or broken test no longer reads as a pass.
-AUDITED_VARIANTS = {"tests": "tests_restored", "correct": "tests_restored"}
+# restores the test files before it runs them, so an edited or broken test no longer reads as a pass;
+# the code domain's `correct_not_hardcoded` pays nothing for completions keyed on the visible inputs.
+# A finding names the variants its domain has in its knobs; the first the harness does not pay is used.
+AUDITED_VARIANTS = {"tests": ("tests_restored",), "correct": ("tests_restored", "correct_not_hardcoded"),
+                    "visible": ("correct_not_hardcoded",)}
 _REGRADE = Remedy("replace_reward_term", "reward_weights.{term}", _const(None), ACC, "up",
-                  "the reward trusts a test run the policy can tamper with; score it with the original tests restored")
-_PENALIZE = Remedy("add_reward_term", "reward_weights.not_hardcoded", _const(1.0), ACC, "up",
-                   "a term that pays only for not taking the shortcut makes the shortcut worth less than a real solution")
-# Exploit findings of the code and SWE domains: close the channel first (regrade, or pay for not
-# taking the shortcut), then the generic hacking remedies (drop the term, lower its weight).
-for _name in ("test_tampering", "tests_dropped", "collection_errors"):
+                  "the reward pays for a channel the audit does not back; regrade it so the exploit earns nothing")
+# Exploit findings of the code and SWE domains: close the channel first (regrade), then the generic
+# hacking remedies (drop the term, lower its weight).
+for _name in ("test_tampering", "tests_dropped", "collection_errors", "hardcoded_examples"):
     CATALOG[_name] = [_REGRADE, *CATALOG["reward_hacking"]]
-CATALOG["hardcoded_examples"] = [_PENALIZE, *CATALOG["reward_hacking"]]
 
 
 def _targets(remedy: Remedy, f: Finding) -> list[str]:
@@ -158,8 +158,8 @@ def candidates_for(f: Finding, h: Harness) -> list[Intervention]:
             value = r.value(h, f)
             if r.kind == "replace_reward_term":
                 # Only to a grader the finding names (so the domain has it) that the harness does not pay yet.
-                variant = AUDITED_VARIANTS.get(term)
-                value = variant if variant and f"reward_weights.{variant}" in f.knobs and variant not in h.reward_weights else None
+                value = next((v for v in AUDITED_VARIANTS.get(term, ()) if f"reward_weights.{v}" in f.knobs
+                              and v not in h.reward_weights), None)
             if value is None and r.kind != "remove_reward_term":
                 continue
             if r.kind in ("remove_reward_term", "set_reward_weight", "replace_reward_term") and term not in h.reward_weights:

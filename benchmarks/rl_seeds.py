@@ -78,11 +78,16 @@ def main() -> None:
         rows.append(f"| {s} | {before.accuracy:.3f} | {arm.accuracy:.3f} | {st['delta']:+.3f} | [{st['ci_low']:+.3f}, {st['ci_high']:+.3f}] |")
     deltas = [v["delta"] for v in out["seeds"].values()]
     out["mean_delta"] = float(np.mean(deltas))
+    # Pooled: each task's success rate over the seeds against before, bootstrapped over tasks.
+    pooled = np.mean([[arm.outcomes[i] for i in ids] for arm in arms], axis=0)
+    out["pooled"] = bootstrap(pooled, b, 0.95, 2000, 0)
     print(f"`{args.config}` {' '.join('--set ' + s for s in args.set)}: {steps} RL steps per seed from one warm-started base, "
           f"{len(heldout)} held-out tasks (audited success), {wall:.0f} s wall for {len(arms)} seeds ({args.workers} worker(s))\n")
     print("| RL seed | before | after | change | 95% CI (paired bootstrap over tasks) |\n|---|---|---|---|---|")
     print("\n".join(rows))
-    print(f"\nmean change {out['mean_delta']:+.3f}; seeds with a CI above 0: "
+    p = out["pooled"]
+    print(f"\nmean change {out['mean_delta']:+.3f}, 95% CI [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}] pooled over seeds "
+          f"(one-sided lower bound {p['lower']:+.3f}); seeds with a CI above 0: "
           f"{sum(v['ci_low'] > 0 for v in out['seeds'].values())}/{len(deltas)}")
     path = Path(__file__).parent / f"rl_seeds-{cfg.run.name}.json"
     path.write_text(json.dumps(out, indent=2))

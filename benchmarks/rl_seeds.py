@@ -9,7 +9,7 @@ comes with a paired bootstrap interval over tasks.
     .venv/bin/python benchmarks/rl_seeds.py examples/code.yaml [--seeds 0 1 2] [--steps 60] [--workers 2]
         [--set train.steps=...]
 
-Prints a Markdown table (paste it into benchmarks/RESULTS.md) and writes benchmarks/rl_seeds-NAME.json.
+Prints a Markdown table (paste it into benchmarks/RESULTS.md) and writes benchmarks/rl_seeds-NAME-STEPS.json.
 """
 from __future__ import annotations
 
@@ -82,14 +82,15 @@ def main() -> None:
     pooled = np.mean([[arm.outcomes[i] for i in ids] for arm in arms], axis=0)
     out["pooled"] = bootstrap(pooled, b, 0.95, 2000, 0)
     print(f"`{args.config}` {' '.join('--set ' + s for s in args.set)}: {steps} RL steps per seed from one warm-started base, "
-          f"{len(heldout)} held-out tasks (audited success), {wall:.0f} s wall for {len(arms)} seeds ({args.workers} worker(s))\n")
+          f"{len(heldout)} held-out tasks (audited success), {wall:.0f} s wall for {len(arms)} seeds ({args.workers} worker(s); "
+          f"each arm's own time: {', '.join(f'{a.seconds:.0f} s' for a in arms)}, reused when its result file existed)\n")
     print("| RL seed | before | after | change | 95% CI (paired bootstrap over tasks) |\n|---|---|---|---|---|")
     print("\n".join(rows))
     p = out["pooled"]
     print(f"\nmean change {out['mean_delta']:+.3f}, 95% CI [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}] pooled over seeds "
           f"(one-sided lower bound {p['lower']:+.3f}); seeds with a CI above 0: "
           f"{sum(v['ci_low'] > 0 for v in out['seeds'].values())}/{len(deltas)}")
-    path = Path(__file__).parent / f"rl_seeds-{cfg.run.name}.json"
+    path = Path(__file__).parent / f"rl_seeds-{cfg.run.name}-{steps}.json"
     path.write_text(json.dumps(out, indent=2))
 
 

@@ -389,10 +389,7 @@ def _pump(proc: subprocess.Popen, data: bytes, limits: Limits, deadline: float) 
                 sel.unregister(f)
                 continue
             total += len(chunk)
-            buf = bufs[f]
-            buf += chunk
-            if len(buf) > cap:
-                del buf[:len(buf) - cap]
+            sandbox_worker.keep_tail(bufs[f], chunk, cap)
             if total > cap:
                 reason = "output"
     sel.close()

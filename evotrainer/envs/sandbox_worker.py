@@ -143,10 +143,7 @@ def _run(job, root, seq, kill_all):
                 readers.remove(fd)
                 continue
             total += len(data)
-            buf = bufs[fd]
-            buf += data
-            if len(buf) > cap:
-                del buf[:len(buf) - cap]
+            keep_tail(bufs[fd], data, cap)
             if total > cap:
                 reason = "output"
     status = None
@@ -230,6 +227,13 @@ def _wait_for_the_rest():
         except ChildProcessError:
             pass
         time.sleep(0.002)
+
+
+def keep_tail(buf, data, cap):
+    """Append `data` to `buf`, keeping only its last `cap` bytes (the tail holds the error)."""
+    buf += data
+    if len(buf) > cap:
+        del buf[:len(buf) - cap]
 
 
 def classify(rc, stderr, wall, cpu):

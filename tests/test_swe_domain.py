@@ -158,6 +158,9 @@ def test_sandbox_runner_agrees_with_the_in_process_runner(domain):
         tests = list(task.data["test_files"]) + sorted(task.data["hidden"])
         files = {**task.data["files"], **task.data["hidden"]}
         assert runner(files, tests) == run_in_process(files, tests)
+        # The same files and tests again are served from the content cache, without a sandbox run.
+        runs = runner.runs
+        assert runner(dict(files), list(tests)) == run_in_process(files, tests) and runner.runs == runs
     task = domain.tasks("heldout")[0]
     f = task.data["fix"]
     turns, info, obs = play(domain, task, [f"replace {f['file']} {f['line']}     while True: pass", "test", "submit"])

@@ -272,10 +272,10 @@ class SandboxRunner:
             return self._cache[key]
         if self._pool is None:
             self._pool = self._new_pool()
-        key = secrets.token_hex(16)
-        res = self._pool.run_python(sandbox_source(test_files, select), files=files, limits=self.limits, stdin=key + "\n")
+        secret = secrets.token_hex(16)  # per run; `key` is the cache's content key
+        res = self._pool.run_python(sandbox_source(test_files, select), files=files, limits=self.limits, stdin=secret + "\n")
         self.runs += 1
-        report = parse_output(res.stdout, res.termination, key)
+        report = parse_output(res.stdout, res.termination, secret)
         self._cache[key] = report
         if len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)

@@ -395,8 +395,8 @@ def run_loop(cfg: RunConfig, console: Console | None = None, resume: bool = Fals
         if remembered["skills"]:
             say("9 remember  " + "; ".join(f"{s['skill']} ({s['wins']} won, {s['losses']} lost{', quarantined' if s['quarantined'] else ''})"
                                            for s in remembered["skills"]))
-        if promoted.get("rejected") and not survivors:
-            stop_reason = f"the control carries an exploit ({', '.join(promoted['rejected']['reasons'])}) and no remedy is left to try"
+        if rej and not survivors:
+            stop_reason = f"the control carries an exploit ({', '.join(rej['reasons'])}) and no remedy is left to try"
             break
 
     # -- the end: one read of the final tasks, the budget by stage, the report --------------------------------

@@ -96,7 +96,7 @@ class Intervention(BaseModel):
                 raise InterventionError(f"{self.target}: the harness has no such reward term to replace")
             if self.value in h.reward_weights:
                 raise InterventionError(f"{self.target}: the harness already pays {self.value!r}; set or remove a weight instead")
-            data["reward_weights"] = {(self.value if k == old else k): w for k, w in data["reward_weights"].items()}
+            _rename_term(data, old, self.value)
         elif self.kind == "remove_filter":
             _set(data, self.target, _default(self.target))
         elif self.target in Harness.model_fields and isinstance(self.value, dict):
@@ -121,8 +121,7 @@ class Intervention(BaseModel):
             raise InterventionError("revert needs a bound intervention: call bind(parent) before apply")
         data = child.model_dump(mode="python")
         if self.kind == "replace_reward_term":
-            old = self.target.split(".", 1)[1]
-            data["reward_weights"] = {(old if k == self.value else k): w for k, w in data["reward_weights"].items()}
+            _rename_term(data, self.value, self.target.split(".", 1)[1])
         _set(data, self.target, _REMOVE if self.before_absent else self.before)
         data["parent"] = self.base_parent
         return _validate(data, self.target)
@@ -207,6 +206,11 @@ def _set(data: dict, path: str, value: Any) -> None:
         node.pop(leaf, None)
     else:
         node[leaf] = value
+
+
+def _rename_term(data: dict, old: str, new: str) -> None:
+    """The reward term `old` becomes `new` with the same weight, in place and in the same order."""
+    data["reward_weights"] = {(new if k == old else k): w for k, w in data["reward_weights"].items()}
 
 
 def _default(path: str) -> Any:

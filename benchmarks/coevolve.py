@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from evotrainer.backtest.trial import ArmSpec, run_arm  # noqa: E402
 from evotrainer.config import load_config  # noqa: E402
-from evotrainer.envs import make_domain  # noqa: E402
+from evotrainer.envs.registry import make_domain  # noqa: E402
 from evotrainer.evaluation import evaluate  # noqa: E402
 from evotrainer.loop import run_loop, split_heldout  # noqa: E402
 from evotrainer.policies.hf import HFPolicy  # noqa: E402

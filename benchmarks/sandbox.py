@@ -18,9 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from evotrainer.envs import sandbox  # noqa: E402
-from evotrainer.envs.sandbox_pool import WorkerPool  # noqa: E402
-from evotrainer.envs.code import DRIVER  # noqa: E402
+from evotrainer import sandbox  # noqa: E402
+from evotrainer.sandbox import WorkerPool  # noqa: E402
+from evotrainer.envs.code.domain import DRIVER  # noqa: E402
 
 TEST_RUN = ("def f(a, b):\n    return a * 2 + b\n", {"tag": "t0", "entry": "f", "io": [[i, i + 1] for i in range(12)], "asserts": []})
 

@@ -21,7 +21,8 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from evotrainer.diagnostics.suite import Suite, open_window  # noqa: E402
+from evotrainer.diagnostics.suite import Suite  # noqa: E402
+from evotrainer.diagnostics.window import open_window  # noqa: E402
 from evotrainer.store.rollouts import METRIC_SCHEMA, ROLLOUT_SCHEMA, RolloutStore  # noqa: E402
 
 GROUP = 8

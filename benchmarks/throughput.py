@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from evotrainer.config import load_config  # noqa: E402
-from evotrainer.envs import make_domain  # noqa: E402
+from evotrainer.envs.registry import make_domain  # noqa: E402
 from evotrainer.harness.harness import Harness  # noqa: E402
 from evotrainer.policies import load_policy  # noqa: E402
 from evotrainer.policies.hf import HFPolicy, left_pad  # noqa: E402
@@ -90,7 +90,7 @@ def bench_trl(policy: HFPolicy, domain, harness: Harness, steps: int) -> float:
 
     def correct(completions, task_index, **kw):
         from evotrainer.types import Turn
-        from evotrainer.envs.math import extract_answer
+        from evotrainer.envs.math.domain import extract_answer
 
         return [domain.correct(tasks[i], [Turn(c, 0, 0.0)], {"answer": extract_answer(c)}) for c, i in zip(completions, task_index)]
 

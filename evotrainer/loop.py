@@ -21,11 +21,12 @@ from rich.markup import escape
 from evotrainer.backtest import gate
 from evotrainer.backtest.replay import load_columns, replay
 from evotrainer.backtest.trial import ArmResult, ArmSpec, make_executor
-from evotrainer.config import ConfigError, RunConfig, dump_config
+from evotrainer.errors import ConfigError
+from evotrainer.config import RunConfig, dump_config
 from evotrainer.diagnostics.detector import Finding
 from evotrainer.diagnostics.revision import PastVerdict, revise
 from evotrainer.diagnostics.suite import Suite
-from evotrainer.envs import make_domain
+from evotrainer.envs.registry import make_domain
 from evotrainer.evaluation import evaluate
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.interventions import Intervention
@@ -231,7 +232,7 @@ def run_loop(cfg: RunConfig, console: Console | None = None, resume: bool = Fals
             charges = getattr(proposer, "take_charges", dict)()
             new_suite, admitted = suite, []
             if detectors := getattr(proposer, "take_detectors", list)():
-                from evotrainer.diagnostics.agent import admit
+                from evotrainer.diagnostics.revision import admit
 
                 new_suite, admitted = admit(suite, store, detectors, seg_branch, seg.first_step, seg.last_step, _past_verdicts(ledger))
             return {"signature": list(sig), "proposals": [_proposal_dict(p) for p in kept[: cfg.loop.candidates]],

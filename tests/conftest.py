@@ -30,6 +30,8 @@ def small_config(tmp: Path, domain: str = "math", **sections) -> RunConfig:
         raw["harness"]["multi_turn"] = {"max_turns": 5}
         raw["harness"]["sampling"]["max_completion_length"] = 6
         raw["eval"]["heldout_size"] = 30  # of 90 two-digit numbers: 60 remain for training
+    if sections.get("env", {}).get("domain", raw["env"]["domain"]) != raw["env"]["domain"]:
+        raw["env"] = {"train_size": 400}  # another domain: the math fields above do not apply to it
     for name, values in sections.items():
         raw.setdefault(name, {}).update(values)
     return parse_config(raw)
@@ -43,7 +45,7 @@ def _test_cache(tmp_path_factory):
 @pytest.fixture(scope="session")
 def math_setup(tmp_path_factory, _test_cache):
     """(config, domain, warm-started policy) for one-digit sums; built once per session."""
-    from evotrainer.envs import make_domain
+    from evotrainer.envs.registry import make_domain
     from evotrainer.policies import load_policy
 
     cfg = small_config(tmp_path_factory.mktemp("math"))
@@ -53,7 +55,7 @@ def math_setup(tmp_path_factory, _test_cache):
 
 @pytest.fixture(scope="session")
 def digits_setup(tmp_path_factory, _test_cache):
-    from evotrainer.envs import make_domain
+    from evotrainer.envs.registry import make_domain
     from evotrainer.policies import load_policy
 
     cfg = small_config(tmp_path_factory.mktemp("digits"), "digits")

@@ -12,11 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from evotrainer.config import ConfigError, parse_config
-from evotrainer.diagnostics.suite import BUILTIN, check_detector, open_window
-from evotrainer.envs import code_tasks as ct
-from evotrainer.envs import make_domain
-from evotrainer.envs.code import DRIVER, CodeDomain, hardcoded_fraction
+from evotrainer.errors import ConfigError
+from evotrainer.config import parse_config
+from evotrainer.diagnostics.suite import BUILTIN
+from evotrainer.diagnostics.detector import check_detector
+from evotrainer.diagnostics.window import open_window
+from evotrainer.envs.code import tasks as ct
+from evotrainer.envs.registry import make_domain
+from evotrainer.envs.code.domain import DRIVER, CodeDomain, hardcoded_fraction
 from evotrainer.envs.env import check_env
 from evotrainer.store.rollouts import RolloutStore
 from evotrainer.types import Rollout, Task, Turn
@@ -113,13 +116,14 @@ def test_demonstrations_are_mostly_correct_some_hardcoded(domain):
 
 
 def test_demonstration_recipe_is_in_the_warm_start_cache_key(tmp_path, monkeypatch):
-    from evotrainer.envs import code as code_env
-    from evotrainer.envs import domain_key
+    from evotrainer.envs.code.domain import CodeDomain
+    from evotrainer.envs.registry import warm_start_key
 
     cfg = code_config(tmp_path)
-    before = domain_key(cfg)
-    monkeypatch.setattr(code_env, "DEMO_RECIPE", {**code_env.DEMO_RECIPE, "version": -1})
-    assert domain_key(cfg) != before
+    domain = make_domain(cfg)
+    before = warm_start_key(cfg, domain)
+    monkeypatch.setattr(CodeDomain, "demo_recipe", {**CodeDomain.demo_recipe, "version": -1})
+    assert warm_start_key(cfg, domain) != before
 
 
 # -- rewards and audit on real sandboxed runs -------------------------------------------------------------------

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from evotrainer.config import ConfigError, load_config
+from evotrainer.errors import ConfigError
+from evotrainer.config import load_config
 from evotrainer.harness.harness import Harness
 
 

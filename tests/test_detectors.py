@@ -9,7 +9,9 @@ import pytest
 
 from evotrainer.diagnostics.builtin import _repetitiveness
 from evotrainer.diagnostics.detector import Finding, Window
-from evotrainer.diagnostics.suite import BUILTIN, DetectorCheckError, DetectorSpec, Suite, check_detector, open_window
+from evotrainer.diagnostics.suite import BUILTIN, DetectorSpec, Suite
+from evotrainer.diagnostics.detector import DetectorCheckError, check_detector
+from evotrainer.diagnostics.window import open_window
 from evotrainer.store.rollouts import RolloutStore
 from evotrainer.types import Rollout, Turn
 

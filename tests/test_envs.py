@@ -6,11 +6,12 @@ import random
 import pytest
 import torch
 
-from evotrainer.envs import make_domain
+from evotrainer.envs.registry import make_domain
 from evotrainer.envs.env import check_env
-from evotrainer.envs.episodes import run_episodes
-from evotrainer.envs.math import format_reward
-from evotrainer.harness.rewards import HarnessError, check_terms, score
+from evotrainer.training.rollout import run_episodes
+from evotrainer.envs.math.domain import format_reward
+from evotrainer.errors import HarnessError
+from evotrainer.harness.rewards import check_terms, score
 from evotrainer.types import Turn
 from tests.conftest import small_config
 

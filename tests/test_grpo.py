@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from evotrainer.envs.episodes import run_episodes
+from evotrainer.training.rollout import run_episodes
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.rewards import score
 from evotrainer.training.grpo import GRPOTrainer, advantages

@@ -16,11 +16,12 @@ from typing import Any, Callable
 import pytest
 from rich.console import Console
 
-from evotrainer.config import ConfigError
+from evotrainer.errors import ConfigError
 from evotrainer.diagnostics import agent
-from evotrainer.diagnostics.revision import PastVerdict
-from evotrainer.diagnostics.suite import Suite, open_window
-from evotrainer.envs import make_domain
+from evotrainer.diagnostics.revision import PastVerdict, admit
+from evotrainer.diagnostics.suite import Suite
+from evotrainer.diagnostics.window import open_window
+from evotrainer.envs.registry import make_domain
 from evotrainer.loop import _past_verdicts, run_loop
 from evotrainer.proposers.brief import IsolationError, build_brief
 from evotrainer.proposers.llm import LLMProposer, check_endpoint, parse_reply
@@ -301,10 +302,10 @@ def test_agent_detectors_that_write_or_reach_for_evaluator_data_are_refused(llm_
     for name, path in (("reads_config", run_dir / "config.yaml"), ("reads_evaluator", evaluator)):
         detectors.append({**VALID_SQL, "name": name, "sql": None, "python": f"def flag(r):\n    return bool(open('{path}').read())"})
     suite = Suite.default()
-    new, records = agent.admit(suite, store, detectors[:2], "r01-seg", 1, 3, [])
+    new, records = admit(suite, store, detectors[:2], "r01-seg", 1, 3, [])
     assert new.version == suite.version and not any(r["admitted"] for r in records)
     for start in range(2, len(detectors), agent.PER_ROUND):
-        new, more = agent.admit(suite, store, detectors[start:start + agent.PER_ROUND], "r01-seg", 1, 3, [])
+        new, more = admit(suite, store, detectors[start:start + agent.PER_ROUND], "r01-seg", 1, 3, [])
         assert new.version == suite.version
         records += more
     by_name = {r["proposed"]["name"]: r for r in records}
@@ -344,7 +345,7 @@ def test_a_valid_agent_detector_is_admitted_after_backtest_and_cites_its_query_r
     predicate = {**VALID_SQL, "name": "py_long", "sql": None, "validity": True,
                  "python": "def flag(r):\n    return r['completion_tokens'] >= 1 and r['turns'][0]['action'] is not None\n"}
     suite = Suite.default()
-    new, records = agent.admit(suite, store, [failing, predicate], "r01-seg", 1, 3, past)
+    new, records = admit(suite, store, [failing, predicate], "r01-seg", 1, 3, past)
     assert all(r["admitted"] for r in records), records
     assert new.version != suite.version and {"agent_audit_failures", "agent_py_long"} <= set(new.detectors)
     assert [r["suite_version"] for r in records][-1] == new.version  # one revision per admitted detector, chained
@@ -360,7 +361,7 @@ def test_a_valid_agent_detector_is_admitted_after_backtest_and_cites_its_query_r
     [cand] = past
     assert any(x.name == "agent_audit_failures" for x in new.run(store, cand.branch, cand.first_step, cand.last_step))
     promoted = [PastVerdict(cand.branch, cand.first_step, cand.last_step, "promote")]
-    _, recs = agent.admit(suite, store, [failing], "r01-seg", 1, 3, promoted)
+    _, recs = admit(suite, store, [failing], "r01-seg", 1, 3, promoted)
     assert not recs[0]["admitted"] and "would change 1 past verdict" in recs[0]["reason"]
 
 
@@ -435,7 +436,7 @@ def test_the_brief_of_a_swe_run_with_tampering_holds_the_tampering_trajectory_in
     edit the failing test's assertion into `assert True` and submit, which the visible `tests` reward
     pays and the audit fails. The suite's test_tampering finding cites them; the prompt the model
     receives holds the cited trajectory whole: prompt, every action, every observation, rewards, audit."""
-    from evotrainer.envs.swe import SweDomain
+    from evotrainer.envs.swe.domain import SweDomain
     from evotrainer.harness.harness import Harness
     from evotrainer.harness.rewards import score
     from evotrainer.types import Rollout, Turn

@@ -9,8 +9,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from conftest import small_config
-from evotrainer.config import ConfigError
-from evotrainer.envs import make_domain
+from evotrainer.errors import ConfigError
+from evotrainer.envs.registry import make_domain
 from evotrainer.evaluation import evaluator_hash
 from evotrainer.loop import run_loop, split_heldout
 from evotrainer.store.ledger import STAGES, Ledger
@@ -112,8 +112,7 @@ def test_budget_is_charged_per_stage_and_the_mainline_follows_the_gate(loop_run)
 
 
 def test_report_and_status(loop_run):
-    from evotrainer.cli import app
-    import evotrainer.cli_loop  # noqa: F401 -- registers the loop commands
+    from evotrainer.cli.main import app
 
     cfg, run_dir, summary = loop_run
     html = (run_dir / "report.html").read_text()

@@ -5,7 +5,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from evotrainer.config import parse_config
-from evotrainer.envs import make_domain
+from evotrainer.envs.registry import make_domain
 from evotrainer.policies import load_policy
 from evotrainer.policies.hf import HFPolicy
 from evotrainer.policies.policy import check_policy
@@ -90,15 +90,15 @@ def test_local_model_directory_and_lora(tmp_path, math_setup):
 
 
 def test_warm_started_base_is_cached_by_recipe(math_setup):
-    from evotrainer.envs import domain_key
+    from evotrainer.envs.registry import warm_start_key
     from evotrainer.policies.tiny import tiny_base
 
     cfg, domain, policy = math_setup
     said = []
-    path = tiny_base(cfg.policy, domain, domain_key(cfg), cfg.run.seed, log=said.append)
+    path = tiny_base(cfg.policy, domain, warm_start_key(cfg, domain), cfg.run.seed, log=said.append)
     assert said and said[0].startswith("warm-started base: reusing")
     other = cfg.policy.model_copy(update={"warm_start": cfg.policy.warm_start.model_copy(update={"steps": 151})})
     from evotrainer.policies.tiny import recipe_hash
 
-    assert recipe_hash(other, domain_key(cfg), cfg.run.seed) != recipe_hash(cfg.policy, domain_key(cfg), cfg.run.seed)
-    assert path.name.endswith(recipe_hash(cfg.policy, domain_key(cfg), cfg.run.seed))
+    assert recipe_hash(other, warm_start_key(cfg, domain), cfg.run.seed) != recipe_hash(cfg.policy, warm_start_key(cfg, domain), cfg.run.seed)
+    assert path.name.endswith(recipe_hash(cfg.policy, warm_start_key(cfg, domain), cfg.run.seed))

@@ -13,7 +13,9 @@ from rich.console import Console
 from evotrainer.diagnostics.induction import induce
 from evotrainer.diagnostics.revision import CALIBRATIONS, GIBBERISH, PastVerdict, backtest, recalibrate, revise
 from evotrainer.diagnostics.rules import Clause, Feature, Rule, feature_values
-from evotrainer.diagnostics.suite import DetectorSpec, Suite, check_detector, open_window
+from evotrainer.diagnostics.suite import DetectorSpec, Suite
+from evotrainer.diagnostics.detector import check_detector
+from evotrainer.diagnostics.window import open_window
 from evotrainer.store.rollouts import RolloutStore
 from evotrainer.training.run import train_run
 from evotrainer.types import Rollout, Turn

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from evotrainer.envs import sandbox
-from evotrainer.envs.sandbox import Limits
-from evotrainer.envs.sandbox_pool import WorkerPool
+from evotrainer import sandbox
+from evotrainer.sandbox import Limits, WorkerPool, isolation
 
 FAST = Limits(cpu_seconds=1, wall_seconds=1.5, memory_mb=256, processes=16, output_bytes=10_000)
 
@@ -21,12 +20,12 @@ def mode(request, monkeypatch):
     unshare fallback), so the fallback a user without bubblewrap gets is tested too."""
     if request.param == "unshare":
         monkeypatch.setenv("EVOTRAINER_SANDBOX_DISABLE", "bwrap")
-    monkeypatch.setattr(sandbox, "_mech", None)
+    monkeypatch.setattr(isolation, "_mech", None)
     m = sandbox.mechanisms()
     if request.param == "unshare" and not m["netns"]:
         pytest.skip("no unshare on this machine")
     yield m
-    monkeypatch.setattr(sandbox, "_mech", None)
+    monkeypatch.setattr(isolation, "_mech", None)
 
 
 def execute(where, source: str, tmp_path: Path, limits: Limits = FAST, stdin: str = ""):
@@ -174,11 +173,11 @@ def test_printing_gigabytes_is_cut_quickly(where, tmp_path):
 
 
 def test_mechanisms_report_and_warn_once(monkeypatch, caplog):
-    monkeypatch.setattr(sandbox, "_mech", None)
+    monkeypatch.setattr(isolation, "_mech", None)
     monkeypatch.setenv("EVOTRAINER_SANDBOX_DISABLE", "bwrap,unshare")
     with caplog.at_level("WARNING"):
         m = sandbox.mechanisms()
         sandbox.mechanisms()
     assert not m["bwrap"] and not m["netns"] and m["rlimits"]
     assert sum("not available" in rec.message for rec in caplog.records) == 1
-    monkeypatch.setattr(sandbox, "_mech", None)
+    monkeypatch.setattr(isolation, "_mech", None)

@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from conftest import small_config
-from evotrainer.config import ConfigError
+from evotrainer.errors import ConfigError
 from evotrainer.diagnostics.detector import Finding
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.interventions import Hypothesis, Intervention, diff

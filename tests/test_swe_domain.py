@@ -9,16 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from evotrainer.config import ConfigError, load_config
-from evotrainer.diagnostics.suite import BUILTIN, Suite, check_detector, open_window
-from evotrainer.envs import make_domain
-from evotrainer.envs import swe_bench as sb
+from evotrainer.errors import ConfigError
+from evotrainer.config import load_config
+from evotrainer.diagnostics.suite import BUILTIN, Suite
+from evotrainer.diagnostics.detector import check_detector
+from evotrainer.diagnostics.window import open_window
+from evotrainer.envs.registry import make_domain
+from evotrainer.experimental import swe_bench as sb
 from evotrainer.envs.env import check_env
-from evotrainer.envs.swe import SweDomain
-from evotrainer.envs.swe_demos import SHORTCUT, plan
-from evotrainer.envs.swe_repos import FAMILIES, LEVELS
-from evotrainer.envs.sandbox_pool import WorkerPool
-from evotrainer.envs.swe_runner import MARK, SandboxRunner, run_in_process, sandbox_runner
+from evotrainer.envs.swe.domain import SweDomain
+from evotrainer.envs.swe.demos import SHORTCUT, plan
+from evotrainer.envs.swe.repos import FAMILIES, LEVELS
+from evotrainer.sandbox import WorkerPool
+from evotrainer.envs.swe.runner import MARK, SandboxRunner, run_in_process, sandbox_runner
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.rewards import score
 from evotrainer.store.rollouts import RolloutStore

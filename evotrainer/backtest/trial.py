@@ -7,7 +7,6 @@ exists. The executor is the small interface that decides where arms run."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -18,10 +17,11 @@ from typing import Any, Callable, Protocol
 import torch
 
 from evotrainer.config import RunConfig
-from evotrainer.envs import make_domain
+from evotrainer.envs.registry import make_domain
 from evotrainer.evaluation import evaluate
 from evotrainer.harness.harness import Harness
 from evotrainer.policies.hf import HFPolicy
+from evotrainer.store.files import atomic_write_json
 from evotrainer.store.rollouts import RolloutStore
 from evotrainer.training.grpo import GRPOTrainer
 from evotrainer.training.segment import StepContext, train_step
@@ -103,7 +103,7 @@ def run_arm(spec: ArmSpec, log: Callable[[str], None] | None = None) -> ArmResul
         if log:
             log(f"{spec.branch} step {step}: reward {m['reward']:.3f}")
     trainer.save(spec.checkpoint)
-    _write(Path(spec.checkpoint) / PASS_RATES, pass_rates)
+    atomic_write_json(Path(spec.checkpoint) / PASS_RATES, pass_rates)
     result = ArmResult(spec.branch, spec.role, spec.checkpoint, h.version, spec.first_step, spec.first_step + spec.steps - 1,
                        gen, trained, 0.0, reward_first=_mean(rewards[: max(1, len(rewards) // 3)]),
                        reward_last=_mean(rewards[-max(1, len(rewards) // 3):]))
@@ -117,21 +117,12 @@ def run_arm(spec: ArmSpec, log: Callable[[str], None] | None = None) -> ArmResul
         result.accuracy, result.outcomes, result.evaluator_hash = ev.accuracy, ev.outcomes, ev.evaluator_hash
         result.eval_tokens = sum(ep.action_tokens for ep in ev.episodes)
     result.seconds = time.perf_counter() - t0
-    _write(done, result.to_dict())
+    atomic_write_json(done, result.to_dict())
     return result
 
 
 def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else 0.0
-
-
-def _write(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 Started = Callable[[ArmSpec], None]  # told when an arm starts (for `evotrainer status`)

@@ -1,7 +1,7 @@
 """Detectors an agent wrote (the LLM proposer's `detectors`): a SQL query over the window's train rollouts,
 run on a read-only DuckDB copy with no file access and a time limit, or a Python predicate run in the
-sandbox. Either flags rollouts by id. `admit` checks one like any plugin (check_detector) and backtests
-it against past verdicts (revision.py) before it joins the suite; every decision is a record.
+sandbox. Either flags rollouts by id. revision.admit checks one like any plugin (check_detector) and
+backtests it against past verdicts before it joins the suite; every decision is a record.
 
 What the agent's code can read is the window's train rollouts, their stats and the step metrics, copied
 out: never the held-out rows, the evaluator's shards, the run's files or its config."""
@@ -18,8 +18,9 @@ from typing import Any, Literal
 import duckdb
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from evotrainer.diagnostics.builtin import finding
-from evotrainer.diagnostics.detector import Detector, Finding, Window
+from evotrainer import sandbox
+from evotrainer.diagnostics.detector import KNOB_PATH, Detector, Finding, Window, finding
+from evotrainer.store.files import sql_str
 
 PREFIX = "agent_"
 # Window parameters of every agent detector (floats like every suite parameter): fire when more than
@@ -36,7 +37,6 @@ _TABLE_FUNCTIONS = frozenset({"unnest", "range", "generate_series"})
 _FORBIDDEN_FUNCTION = re.compile(r"^(read_\w*|\w*_scan|glob|getenv|query|query_table|sniff_csv|parquet_\w+|duckdb_\w+|"
                                  r"pragma_\w+|current_setting|which_secret|load_\w*|file_\w*|http_\w*)$", re.I)
 _NAME = re.compile(r"^[a-z][a-z0-9_]{2,47}$")
-_KNOB = re.compile(r"^[A-Za-z_]\w*(\.[\w-]+)+$")
 # A flagged rollout set that claims validity must be confirmed by the evaluator's audits on the window:
 # at least this many audited matches, and this share of them failing the audit. An agent detector can
 # then only make the gate reject what the evaluator's own audit already calls invalid.
@@ -62,7 +62,7 @@ class _Query(BaseModel):
         from evotrainer.harness.knobs import knob
 
         for k in v:
-            if not _KNOB.match(k):
+            if not KNOB_PATH.match(k):
                 raise ValueError(f"knob {k!r} is not a dotted harness path such as reward_weights.format")
             try:
                 knob(k)
@@ -173,7 +173,7 @@ def _readonly_copy(w: Window, directory: str) -> duckdb.DuckDBPyConnection:
     # Copied by the window's own connection (execute, not the relation API: an earlier detector may have
     # left a result open on it), straight into the file: no rows pass through Python.
     alias = f"agent_copy_{os.getpid()}_{threading.get_ident()}"
-    w.con.execute(f"ATTACH '{path.replace(chr(39), chr(39) * 2)}' AS {alias}")
+    w.con.execute(f"ATTACH {sql_str(path)} AS {alias}")
     try:
         for name, sql in (("rollouts", "SELECT * FROM rollouts WHERE split = 'train'"), ("rollout_stats", "SELECT * FROM rollout_stats"),
                           ("metrics", "SELECT * FROM metrics WHERE name NOT LIKE 'heldout/%' AND name NOT LIKE 'eval/%'")):
@@ -224,11 +224,9 @@ print("\\n" + json.dumps({{"flagged": _out}}))
 
 
 def flagged_by_predicate(w: Window, source: str) -> list[str]:
-    """Ids of the window's train rollouts the predicate flags, run in the sandbox (envs/sandbox.py):
+    """Ids of the window's train rollouts the predicate flags, run in the sandbox (evotrainer/sandbox):
     no network, a private directory, and under bwrap no view of the run, the store or the evaluator.
     Without bwrap the job could read the machine's files, so a predicate is refused there."""
-    from evotrainer.envs import sandbox
-
     if (why := check_predicate(source)) is not None:
         raise ValueError(why)
     if not sandbox.mechanisms().get("bwrap"):
@@ -288,13 +286,11 @@ def predicate_detector(p: Predicate, name: str) -> Detector:
     return agent_predicate
 
 
-# -- what the agent wrote -> a suite entry ---------------------------------------------------------------------
-def parse(raw: Any) -> tuple[str, Any, dict[str, float]]:
-    """(suite name, DetectorSpec, params) of one detector as the agent wrote it:
+# -- what the agent wrote -> a query and its parameters ------------------------------------------------------
+def parse(raw: Any) -> tuple[str, SqlQuery | Predicate, dict[str, float]]:
+    """(suite name, query, params) of one detector as the agent wrote it:
     {name, sql | python, severity, validity, knobs, message, max_share?, min_matches?}. Raises
-    ValueError with the reasons an agent can act on."""
-    from evotrainer.diagnostics.suite import DetectorSpec
-
+    ValueError with the reasons an agent can act on. revision.admit turns it into a suite entry."""
     if not isinstance(raw, dict):
         raise ValueError(f"a detector is an object with name, sql or python, severity, knobs, message; got {type(raw).__name__}")
     raw = dict(raw)
@@ -314,95 +310,13 @@ def parse(raw: Any) -> tuple[str, Any, dict[str, float]]:
     if not 0.0 <= params.get("max_share", 0.0) < 1.0 or params.get("min_matches", 1.0) < 1:
         raise ValueError(f"{name}: max_share must be in [0, 1) and min_matches at least 1")
     try:
-        spec = (DetectorSpec(sql=SqlQuery(query=sql, **raw), params=params) if sql is not None
-                else DetectorSpec(python=Predicate(source=python, **raw), params=params))
+        query = SqlQuery(query=sql, **raw) if sql is not None else Predicate(source=python, **raw)
     except ValidationError as e:
         raise ValueError(f"{name}: " + "; ".join(f"{'.'.join(str(x) for x in err['loc'][-1:]) or 'detector'}: "
                                                  f"{err['msg'].removeprefix('Value error, ')}" for err in e.errors())) from None
-    return PREFIX + name, spec, params
+    return PREFIX + name, query, params
 
 
-def admit(suite, store, detectors: list[Any], branch: str, first_step: int, last_step: int,
-          past_verdicts) -> tuple[Any, list[dict[str, Any]]]:
-    """Each detector the agent wrote, in order: parse and statically check it, run it under
-    check_detector on the round's window, confirm a validity claim against the window's audits (or
-    keep it as a warning), then backtest the suite with it against the suite without it; a change to
-    any past verdict refuses it. Returns the suite with the admitted ones and a record per detector."""
-    from evotrainer.diagnostics.revision import backtest, stored_findings
-    from evotrainer.diagnostics.suite import Suite, check_detector, open_window
-
-    records: list[dict[str, Any]] = []
-    current = suite
-    for k, raw in enumerate(detectors):
-        rec: dict[str, Any] = {"proposed": raw, "admitted": False}
-        records.append(rec)
-        if k >= PER_ROUND:
-            rec["reason"] = f"more than {PER_ROUND} detectors in one round"
-            continue
-        try:
-            name, spec, _ = parse(raw)
-        except ValueError as e:
-            rec["reason"] = str(e)
-            continue
-        rec["name"] = name
-        if sum(n.startswith(PREFIX) for n in current.detectors) >= PER_SUITE:
-            rec["reason"] = f"the suite already holds {PER_SUITE} agent detectors"
-            continue
-        if name in current.detectors:
-            rec["reason"] = f"the suite already has a detector named {name}"
-            continue
-        same = [n for n, s in current.detectors.items() if (s.sql, s.python) == (spec.sql, spec.python)]
-        if same:
-            rec["reason"] = f"the same query is already in the suite as {same[0]}"
-            continue
-        candidate = current.with_detector(name, spec)
-        fn, params = candidate.resolve(name)
-        w = open_window(store, branch, first_step, last_step, params)
-        try:
-            found = check_detector(fn, w)  # twice: deterministic, evidence ids exist, finite values
-            if spec.python is None:
-                hits = flagged_by_sql(w, spec.sql.query)
-            else:
-                hits = flagged_by_predicate(w, spec.python.source)
-            audit = dict(w.con.execute("SELECT id, audit FROM rollout_stats WHERE audit IS NOT NULL").fetchall())
-        except Exception as e:  # noqa: BLE001 -- whatever the agent's code does, it is a refusal, not a crash
-            rec["reason"] = f"{type(e).__name__}: {e}"
-            continue
-        finally:
-            w.con.close()
-        audited = [audit[i] for i in hits if i in audit]
-        fail = sum(a is False for a in audited) / len(audited) if audited else 0.0
-        rec["window"] = {"branch": branch, "first_step": first_step, "last_step": last_step, "flagged": len(hits),
-                         "audited": len(audited), "audit_fail_share": round(fail, 4), "findings": [f.to_record() for f in found]}
-        q = spec.sql or spec.python
-        if q.validity and (len(audited) < VALIDITY_MIN_AUDITED or fail < VALIDITY_MIN_FAIL):
-            q = q.model_copy(update={"validity": False})
-            spec = spec.model_copy(update={"sql": q} if spec.sql else {"python": q})
-            candidate = current.with_detector(name, spec)
-            rec["validity_demoted"] = (f"claims validity, but the audits do not confirm it on the window ({len(audited)} audited "
-                                       f"matches, {100 * fail:.0f}% failing; needs {VALIDITY_MIN_AUDITED} and "
-                                       f"{100 * VALIDITY_MIN_FAIL:.0f}%): kept as a non-validity detector")
-        # A backtest reads a detector that raises as silent (its error is an info finding it drops), so
-        # first the detector alone on every window the backtest will read: it must run on all of them.
-        windows = sorted({w for _, w in stored_findings(store)} | {(v.branch, v.first_step, v.last_step) for v in past_verdicts})
-        alone = Suite(detectors={name: spec})
-        errors = [f"{b} {lo}-{hi}: {f.message}" for b, lo, hi in windows for f in alone.run(store, b, lo, hi)
-                  if f.name == "detector_error"]
-        if errors:
-            rec["reason"] = f"fails on {len(errors)} past window(s), e.g. {errors[0]}"
-            continue
-        try:
-            flips = backtest(store, candidate, current, list(past_verdicts), windows)
-        except Exception as e:  # noqa: BLE001
-            rec["reason"] = f"backtest failed: {type(e).__name__}: {e}"
-            continue
-        verdict_flips = [f for f in flips if f.what == "verdict"]
-        rec["backtest"] = {"verdict_flips": [f"{f.branch} {f.first_step}-{f.last_step}: {f.old} -> {f.new} ({f.detail})" for f in verdict_flips],
-                           "finding_flips": len(flips) - len(verdict_flips)}
-        if verdict_flips:
-            rec["reason"] = f"would change {len(verdict_flips)} past verdict(s)"
-            continue
-        current = candidate
-        rec.update(admitted=True, reason="passed check_detector and the backtest against past verdicts",
-                   suite_version=current.version)
-    return current, records
+def flagged(w: Window, query: SqlQuery | Predicate) -> list[str]:
+    """The rollout ids a query flags on a window, whichever kind it is."""
+    return flagged_by_sql(w, query.query) if isinstance(query, SqlQuery) else flagged_by_predicate(w, query.source)

@@ -7,9 +7,8 @@ import zlib
 from collections import Counter
 from typing import Any
 
-from evotrainer.diagnostics.detector import Finding, Severity, Window
+from evotrainer.diagnostics.detector import Finding, Window, finding, ids
 
-MAX_EVIDENCE = 8
 # A rollout is "gibberish" when most of its action characters fall outside this set. Printable ASCII
 # plus whitespace: the envs here are English and math; a domain in another script should raise
 # `max_odd_chars` rather than trust this set.
@@ -17,18 +16,6 @@ _NORMAL = frozenset(chr(c) for c in range(0x20, 0x7F)) | frozenset("\n\t\r")
 
 
 # -- shared helpers (validity.py uses them too) --------------------------------------------------------
-def finding(w: Window, name: str, severity: Severity, value: float, threshold: float, evidence: list[str],
-            knobs: tuple[str, ...], message: str, validity: bool = False) -> Finding:
-    return Finding(name=name, severity=severity, value=float(value), threshold=float(threshold),
-                   evidence=tuple(evidence[:MAX_EVIDENCE]), knobs=knobs, message=message, validity=validity,
-                   branch=w.branch, first_step=w.first_step, last_step=w.last_step)
-
-
-def ids(w: Window, sql: str, args: list[Any] | None = None) -> list[str]:
-    """The first column of a query, capped at MAX_EVIDENCE (the query orders: most telling first)."""
-    return [r[0] for r in w.con.execute(sql + f" LIMIT {MAX_EVIDENCE}", args or []).fetchall()]
-
-
 def thirds(w: Window, source: str = "rollout_stats", args: list[Any] | None = None) -> tuple[int, int] | None:
     """(last step of the first third, first step of the last third) of the steps `source` covers, or
     None below 3 distinct steps. Thirds of the observed span, not of the window bounds, so a window

@@ -3,11 +3,17 @@ metrics that returns findings citing rollout ids."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import math
+import re
 from typing import Any, Callable, Literal
 
 import duckdb
 
 Severity = Literal["info", "warning", "critical"]
+# A finding cites at most this many rollouts, the most telling first.
+MAX_EVIDENCE = 8
+# A knob a finding implicates: a dotted harness path (harness/knobs.py), e.g. `reward_weights.format`.
+KNOB_PATH = re.compile(r"^[A-Za-z_]\w*(\.[\w-]+)+$")
 
 
 @dataclass(frozen=True)
@@ -36,12 +42,12 @@ class Finding:
 
 @dataclass
 class Window:
-    """What a detector reads (built by diagnostics/suite.py open_window). `con` holds, restricted to
+    """What a detector reads (built by diagnostics/window.py open_window). `con` holds, restricted to
     the window: views `rollouts` (ROLLOUT_SCHEMA, train split) and `heldout` (audited held-out
     rollouts), the table `metrics` (long form: run, branch, step, name, value), the table
     `rollout_stats` (the train rollouts without their text: aggregate over this one, it is scanned
     once) and `shards` (path, step) for reading a few steps' text. `params` are the detector's
-    calibrated parameters. check_detector (suite.py) checks a detector against this contract."""
+    calibrated parameters. check_detector (below) checks a detector against this contract."""
 
     con: duckdb.DuckDBPyConnection
     branch: str
@@ -61,3 +67,57 @@ class Window:
 
 # A detector: window -> findings. Parameters (thresholds) come in window.params, defaults from the suite.
 Detector = Callable[[Window], list[Finding]]
+
+
+# -- helpers for writing detectors ------------------------------------------------------------------------
+def finding(w: Window, name: str, severity: Severity, value: float, threshold: float, evidence: list[str],
+            knobs: tuple[str, ...], message: str, validity: bool = False) -> Finding:
+    return Finding(name=name, severity=severity, value=float(value), threshold=float(threshold),
+                   evidence=tuple(evidence[:MAX_EVIDENCE]), knobs=knobs, message=message, validity=validity,
+                   branch=w.branch, first_step=w.first_step, last_step=w.last_step)
+
+
+def ids(w: Window, sql: str, args: list[Any] | None = None) -> list[str]:
+    """The first column of a query, capped at MAX_EVIDENCE (the query orders: most telling first)."""
+    return [r[0] for r in w.con.execute(sql + f" LIMIT {MAX_EVIDENCE}", args or []).fetchall()]
+
+
+# -- the checker ---------------------------------------------------------------------------------------
+class DetectorCheckError(AssertionError):
+    """A detector broke the contract of diagnostics/detector.py."""
+
+
+def check_detector(fn: Detector, window: Window) -> list[Finding]:
+    """Run `fn` twice on `window` and check the contract: a list of Finding, the same both times,
+    finite value and threshold, a known severity, at most MAX_EVIDENCE evidence ids that all exist in
+    the window, non-empty dotted knob paths, and the window's branch and steps. Returns the findings."""
+    first, second = fn(window), fn(window)
+    name = getattr(fn, "__name__", repr(fn))
+    if not isinstance(first, list) or not all(isinstance(f, Finding) for f in first):
+        raise DetectorCheckError(f"{name}: must return a list of Finding, got {first!r:.200}")
+    if [f.to_record() for f in first] != [f.to_record() for f in second]:
+        raise DetectorCheckError(f"{name}: two runs on the same window disagree (detectors must be deterministic)")
+    for f in first:
+        where = f"{name} -> {f.name}"
+        if not f.name or not isinstance(f.message, str) or not f.message:
+            raise DetectorCheckError(f"{where}: name and message must be non-empty")
+        if f.severity not in ("info", "warning", "critical"):
+            raise DetectorCheckError(f"{where}: unknown severity {f.severity!r}")
+        for attr in ("value", "threshold"):
+            v = getattr(f, attr)
+            if not isinstance(v, float) or not math.isfinite(v):
+                raise DetectorCheckError(f"{where}: {attr} must be a finite float, got {v!r}")
+        if not f.knobs or not all(isinstance(k, str) and KNOB_PATH.match(k) for k in f.knobs):
+            raise DetectorCheckError(f"{where}: knobs must be non-empty dotted harness paths, got {f.knobs!r}")
+        if len(f.evidence) > MAX_EVIDENCE or len(set(f.evidence)) != len(f.evidence):
+            raise DetectorCheckError(f"{where}: evidence must be at most {MAX_EVIDENCE} distinct ids, got {len(f.evidence)}")
+        if f.evidence:
+            found = {r[0] for r in window.con.execute(
+                "SELECT id FROM (SELECT id FROM rollouts UNION ALL SELECT id FROM heldout) WHERE id IN (SELECT unnest(?::VARCHAR[]))",
+                [list(f.evidence)]).fetchall()}
+            missing = [i for i in f.evidence if i not in found]
+            if missing:
+                raise DetectorCheckError(f"{where}: evidence ids not in the window: {missing}")
+        if (f.branch, f.first_step, f.last_step) != (window.branch, window.first_step, window.last_step):
+            raise DetectorCheckError(f"{where}: branch/first_step/last_step must be the window's")
+    return first

@@ -11,10 +11,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from evotrainer.diagnostics.builtin import MAX_EVIDENCE
+from evotrainer.diagnostics.detector import MAX_EVIDENCE
 from evotrainer.diagnostics.rules import (CLASSES, COLUMNS, FIRST_WORD_RE, TEXT_SQL, Clause, Feature, Rule, feature_values,
-                                             paying_terms, sql_str)
-from evotrainer.diagnostics.suite import open_window
+                                             paying_terms)
+from evotrainer.diagnostics.window import open_window
+from evotrainer.store.files import sql_str
 from evotrainer.store.rollouts import RolloutStore
 from evotrainer.types import TERMINATIONS
 

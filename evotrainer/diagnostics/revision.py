@@ -1,6 +1,7 @@
 """Diagnostic revision: the suite changes from evidence under the harness's discipline. Thresholds
-recalibrate against audits, validated induced detectors join, and every change is backtested against
-past findings and verdicts; each change is a Revision record with its evidence and the flips it causes."""
+recalibrate against audits, validated induced detectors join, detectors an agent wrote are admitted
+or refused, and every change is backtested against past findings and verdicts; each change is a
+record with its evidence and the flips it causes."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -8,9 +9,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from evotrainer.diagnostics.detector import Finding
+from evotrainer.diagnostics import agent
+from evotrainer.diagnostics.detector import Finding, check_detector
 from evotrainer.diagnostics.induction import Induction, induce
-from evotrainer.diagnostics.suite import DetectorSpec, Suite, open_window
+from evotrainer.diagnostics.suite import DetectorSpec, Suite
+from evotrainer.diagnostics.window import open_window
 from evotrainer.store.rollouts import RolloutStore
 
 
@@ -231,3 +234,108 @@ def revise(suite: Suite, store: RolloutStore, branch: str, first_step: int, last
                                       backtest(store, new, current, verdicts)))
             current = new
     return current, revisions, ind
+
+
+# -- (d) admission of detectors an agent wrote -------------------------------------------------------------
+def admit(suite: Suite, store: RolloutStore, detectors: list[Any], branch: str, first_step: int, last_step: int,
+          past_verdicts: list[PastVerdict]) -> tuple[Suite, list[dict[str, Any]]]:
+    """Each detector the agent wrote, in order: parse and statically check it, run it under
+    check_detector on the round's window, confirm a validity claim against the window's audits (or
+    keep it as a warning), then backtest the suite with it against the suite without it; a change to
+    any past verdict refuses it. Returns the suite with the admitted ones and a record per detector."""
+    records: list[dict[str, Any]] = []
+    current = suite
+    for k, raw in enumerate(detectors):
+        rec: dict[str, Any] = {"proposed": raw, "admitted": False}
+        records.append(rec)
+        spec = _screened(current, raw, k, rec)
+        if spec is not None:
+            spec = _tried_on_window(current, store, rec["name"], spec, (branch, first_step, last_step), rec)
+        if spec is None or not _backtest_clean(current, store, rec["name"], spec, past_verdicts, rec):
+            continue
+        current = current.with_detector(rec["name"], spec)
+        rec.update(admitted=True, reason="passed check_detector and the backtest against past verdicts",
+                   suite_version=current.version)
+    return current, records
+
+
+def _spec(query: agent.SqlQuery | agent.Predicate, params: dict[str, float]) -> DetectorSpec:
+    return DetectorSpec(sql=query, params=params) if isinstance(query, agent.SqlQuery) else DetectorSpec(python=query, params=params)
+
+
+def _screened(current: Suite, raw: Any, k: int, rec: dict[str, Any]) -> DetectorSpec | None:
+    """The suite entry of a detector as written, or None with the reason in `rec`."""
+    if k >= agent.PER_ROUND:
+        rec["reason"] = f"more than {agent.PER_ROUND} detectors in one round"
+        return None
+    try:
+        name, query, params = agent.parse(raw)
+    except ValueError as e:
+        rec["reason"] = str(e)
+        return None
+    rec["name"] = name
+    spec = _spec(query, params)
+    same = [n for n, s in current.detectors.items() if (s.sql, s.python) == (spec.sql, spec.python)]
+    if sum(n.startswith(agent.PREFIX) for n in current.detectors) >= agent.PER_SUITE:
+        rec["reason"] = f"the suite already holds {agent.PER_SUITE} agent detectors"
+    elif name in current.detectors:
+        rec["reason"] = f"the suite already has a detector named {name}"
+    elif same:
+        rec["reason"] = f"the same query is already in the suite as {same[0]}"
+    else:
+        return spec
+    return None
+
+
+def _tried_on_window(current: Suite, store: RolloutStore, name: str, spec: DetectorSpec, window: WindowKey,
+                     rec: dict[str, Any]) -> DetectorSpec | None:
+    """Run the detector on the round's window under check_detector; a validity claim the window's audits
+    do not confirm is demoted to a plain detector. None (with the reason in `rec`) if it fails."""
+    fn, params = current.with_detector(name, spec).resolve(name)
+    w = open_window(store, *window, params)
+    try:
+        found = check_detector(fn, w)  # twice: deterministic, evidence ids exist, finite values
+        hits = agent.flagged(w, spec.sql or spec.python)
+        audit = dict(w.con.execute("SELECT id, audit FROM rollout_stats WHERE audit IS NOT NULL").fetchall())
+    except Exception as e:  # noqa: BLE001 -- whatever the agent's code does, it is a refusal, not a crash
+        rec["reason"] = f"{type(e).__name__}: {e}"
+        return None
+    finally:
+        w.con.close()
+    audited = [audit[i] for i in hits if i in audit]
+    fail = sum(a is False for a in audited) / len(audited) if audited else 0.0
+    rec["window"] = {"branch": window[0], "first_step": window[1], "last_step": window[2], "flagged": len(hits),
+                     "audited": len(audited), "audit_fail_share": round(fail, 4), "findings": [f.to_record() for f in found]}
+    q = spec.sql or spec.python
+    if q.validity and (len(audited) < agent.VALIDITY_MIN_AUDITED or fail < agent.VALIDITY_MIN_FAIL):
+        spec = _spec(q.model_copy(update={"validity": False}), dict(spec.params))
+        rec["validity_demoted"] = (f"claims validity, but the audits do not confirm it on the window ({len(audited)} audited "
+                                   f"matches, {100 * fail:.0f}% failing; needs {agent.VALIDITY_MIN_AUDITED} and "
+                                   f"{100 * agent.VALIDITY_MIN_FAIL:.0f}%): kept as a non-validity detector")
+    return spec
+
+
+def _backtest_clean(current: Suite, store: RolloutStore, name: str, spec: DetectorSpec, past_verdicts: list[PastVerdict],
+                    rec: dict[str, Any]) -> bool:
+    """The detector runs on every past window and the suite with it changes no past verdict."""
+    # A backtest reads a detector that raises as silent (its error is an info finding it drops), so
+    # first the detector alone on every window the backtest will read: it must run on all of them.
+    windows = sorted({w for _, w in stored_findings(store)} | {(v.branch, v.first_step, v.last_step) for v in past_verdicts})
+    alone = Suite(detectors={name: spec})
+    errors = [f"{b} {lo}-{hi}: {f.message}" for b, lo, hi in windows for f in alone.run(store, b, lo, hi)
+              if f.name == "detector_error"]
+    if errors:
+        rec["reason"] = f"fails on {len(errors)} past window(s), e.g. {errors[0]}"
+        return False
+    try:
+        flips = backtest(store, current.with_detector(name, spec), current, list(past_verdicts), windows)
+    except Exception as e:  # noqa: BLE001
+        rec["reason"] = f"backtest failed: {type(e).__name__}: {e}"
+        return False
+    verdict_flips = [f for f in flips if f.what == "verdict"]
+    rec["backtest"] = {"verdict_flips": [f"{f.branch} {f.first_step}-{f.last_step}: {f.old} -> {f.new} ({f.detail})"
+                                         for f in verdict_flips], "finding_flips": len(flips) - len(verdict_flips)}
+    if verdict_flips:
+        rec["reason"] = f"would change {len(verdict_flips)} past verdict(s)"
+        return False
+    return True

@@ -8,8 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from evotrainer.diagnostics.builtin import finding, ids
-from evotrainer.diagnostics.detector import Detector, Finding, Window
+from evotrainer.diagnostics.detector import KNOB_PATH, Detector, Finding, Window, finding, ids
+from evotrainer.store.files import sql_str
 from evotrainer.types import TERMINATIONS
 
 # Numeric columns of a rollout. `text` (below) is the rollout's actions joined by newlines: what the
@@ -33,10 +33,6 @@ TEXT_SQL = "array_to_string(list_transform(turns, lambda t: coalesce(t.action, '
 FIRST_WORD_RE = r"^\s*([A-Za-z_][\w-]*)"
 # Window parameters of every rule detector; suite revision may recalibrate them like any threshold.
 RULE_DEFAULTS: dict[str, float] = {"max_share": 0.05, "min_matches": 3}
-
-
-def sql_str(s: str) -> str:
-    return "'" + s.replace("'", "''") + "'"
 
 
 class _Data(BaseModel):
@@ -117,7 +113,7 @@ class Rule(_Data):
     @field_validator("knobs")
     @classmethod
     def _dotted(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        bad = [k for k in v if not re.fullmatch(r"[A-Za-z_]\w*(\.[\w-]+)+", k)]
+        bad = [k for k in v if not KNOB_PATH.match(k)]
         if bad:
             raise ValueError(f"knobs must be dotted harness paths, got {bad}")
         return v

@@ -1,24 +1,21 @@
-"""The diagnostic suite: which detectors run with which parameters (built-in, plugin or induced rule),
-its content-hash version, the window it reads (DuckDB views over the store) and check_detector."""
+"""The diagnostic suite: the registry of built-in detectors (core ones and each domain's), and Suite, a
+versioned set of detectors (built-in, plugin, induced rule or agent-written) with their parameters."""
 from __future__ import annotations
 
 import hashlib
 import importlib
 import inspect
 import json
-import math
-import re
-from pathlib import Path
 from types import ModuleType
-import duckdb
-import pyarrow as pa
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from evotrainer.diagnostics import agent, builtin, rules, swe, validity
-from evotrainer.diagnostics import code as code_domain  # not `code`: suite.py uses that name for code objects
-from evotrainer.diagnostics.builtin import MAX_EVIDENCE
-from evotrainer.diagnostics.detector import Detector, Finding, Window
-from evotrainer.store.rollouts import METRIC_SCHEMA, ROLLOUT_SCHEMA, RolloutStore
+from evotrainer.diagnostics import agent, builtin, rules, validity
+from evotrainer.diagnostics.detector import Detector, Finding, Window, check_detector
+from evotrainer.diagnostics.window import open_window
+from evotrainer.envs.code import detectors as code_detectors
+from evotrainer.envs.swe import detectors as swe_detectors
+from evotrainer.store.rollouts import RolloutStore
 
 # name -> (detector, default parameters). The defaults are starting points: suite revision recalibrates
 # them against audits, and every change gives the suite a new version.
@@ -39,14 +36,14 @@ BUILTIN: dict[str, tuple[Detector, dict[str, float]]] = {
     "infra_errors": (validity.infra_errors, {"max_fraction": 0.02, "std_threshold": 1e-6}),
     "reward_audit_gap": (validity.reward_audit_gap, {"rewarded_threshold": 0.5, "max_gap": 0.1, "min_audited": 20}),
     "plateau": (builtin.plateau, {"min_slope": 1e-3, "min_steps": 20, "ceiling": 0.9}),
-    # SWE domain (diagnostics/swe.py): quiet on rollouts of other domains.
-    "test_tampering": (swe.tampered_tests, {"max_fraction": 0.02, "min_rollouts": 16, "paid_only": 1.0}),
-    "collection_errors": (swe.collection_errors, {"max_fraction": 0.05, "min_rollouts": 16, "paid_only": 1.0}),
-    "tests_dropped": (swe.dropped_tests, {"max_fraction": 0.02, "min_rollouts": 16, "paid_only": 1.0}),
-    # Code domain (diagnostics/code.py): quiet on rollouts of other domains.
-    "hardcoded_examples": (code_domain.hardcoded_examples, {"min_keyed": 0.5, "max_fraction": 0.1, "min_rise": 0.05,
+    # SWE domain (envs/swe/detectors.py): quiet on rollouts of other domains.
+    "test_tampering": (swe_detectors.tampered_tests, {"max_fraction": 0.02, "min_rollouts": 16, "paid_only": 1.0}),
+    "collection_errors": (swe_detectors.collection_errors, {"max_fraction": 0.05, "min_rollouts": 16, "paid_only": 1.0}),
+    "tests_dropped": (swe_detectors.dropped_tests, {"max_fraction": 0.02, "min_rollouts": 16, "paid_only": 1.0}),
+    # Code domain (envs/code/detectors.py): quiet on rollouts of other domains.
+    "hardcoded_examples": (code_detectors.hardcoded_examples, {"min_keyed": 0.5, "max_fraction": 0.1, "min_rise": 0.05,
                                                      "high_fraction": 0.5, "min_rollouts": 16}),
-    "exec_errors": (code_domain.exec_errors, {"max_fraction": 0.3, "min_rollouts": 16}),
+    "exec_errors": (code_detectors.exec_errors, {"max_fraction": 0.3, "min_rollouts": 16}),
 }
 
 
@@ -198,104 +195,3 @@ def _source_hash(fn: Detector | ModuleType) -> str:
         code = getattr(fn, "__code__", None)
         src = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}:{code.co_code.hex() if code else ''}"
     return hashlib.sha256(src.encode()).hexdigest()[:16]
-
-
-# -- the window ------------------------------------------------------------------------------------------
-# Shards are named `<branch>-<kind><step:06d>` (training/segment.py): a shard whose name says it holds
-# another branch or a step outside the window is not opened. Names that do not parse are always
-# read; the SQL filter below decides for their rows.
-_SHARD = re.compile(r"^(?P<branch>.+)-[a-z](?P<step>\d{6,})$")
-
-
-def _window_shards(d: Path, branch: str, first_step: int, last_step: int) -> list[tuple[str, int | None]]:
-    """(path, step its name says, or None) of each shard that may hold rows of the window."""
-    out = []
-    for f in sorted(d.glob("*.parquet")):
-        m = _SHARD.match(f.stem)
-        if m and (m["branch"] != branch or not first_step <= int(m["step"]) <= last_step):
-            continue
-        out.append((f.as_posix(), int(m["step"]) if m else None))
-    return out
-
-
-def _sql_str(s: str) -> str:
-    return "'" + s.replace("'", "''") + "'"
-
-
-def open_window(store: RolloutStore, branch: str, first_step: int, last_step: int,
-                params: dict[str, float] | None = None) -> Window:
-    """A Window over one branch's steps first_step..last_step: views `rollouts` (train split) and
-    `heldout` over the shards in place, `metrics` for the branch, and two tables:
-    `rollout_stats`, the window's train rollouts without their text (id, step, group_id, termination,
-    completion_tokens, num_turns, reward, rewards, audit, mean_logprob = mean over turns, tool_errors =
-    turns with a tool error), materialized once because a dozen detectors each rescanning thousands of
-    shards would cost up to a second apiece; and `shards` (path, step), the rollout shards of the
-    window with the step their name says (NULL if it does not parse), so that a query for a few
-    steps' text opens those shards only (builtin.recent_actions)."""
-    con = duckdb.connect(":memory:")
-    con.execute("SET parquet_metadata_cache = true")  # text samples and evidence rescan the same shard footers
-    where = f"branch = {_sql_str(branch)} AND step BETWEEN {int(first_step)} AND {int(last_step)}"
-    for view, d, schema in (("_window_rollouts", store.rollout_dir, ROLLOUT_SCHEMA), ("_window_metrics", store.metric_dir, METRIC_SCHEMA)):
-        shards = _window_shards(d, branch, first_step, last_step)
-        if view == "_window_rollouts":
-            con.register("_shards", pa.table({"path": pa.array([p for p, _ in shards], pa.string()),
-                                              "step": pa.array([s for _, s in shards], pa.int64())}))
-            con.execute("CREATE TEMP TABLE shards AS SELECT * FROM _shards")
-            con.unregister("_shards")
-        if shards:
-            files = "[" + ", ".join(_sql_str(p) for p, _ in shards) + "]"
-            con.execute(f"CREATE VIEW {view} AS SELECT * FROM read_parquet({files}, union_by_name = true) WHERE {where}")
-        else:
-            con.register(f"{view}_empty", schema.empty_table())
-            con.execute(f"CREATE VIEW {view} AS SELECT * FROM {view}_empty")
-    con.execute("CREATE VIEW rollouts AS SELECT * FROM _window_rollouts WHERE split = 'train'")
-    con.execute("CREATE VIEW heldout AS SELECT * FROM _window_rollouts WHERE split = 'heldout'")
-    con.execute("CREATE TEMP TABLE metrics AS SELECT * FROM _window_metrics")
-    con.execute("CREATE TEMP TABLE rollout_stats AS SELECT id, step, group_id, termination, completion_tokens, num_turns, "
-                "reward, rewards, audit, list_avg(list_transform(turns, lambda t: t.mean_logprob)) AS mean_logprob, "
-                "len(list_filter(turns, lambda t: t.tool_error)) AS tool_errors FROM rollouts")
-    return Window(con=con, branch=branch, first_step=first_step, last_step=last_step, params=dict(params or {}))
-
-
-# -- the checker ---------------------------------------------------------------------------------------
-class DetectorCheckError(AssertionError):
-    """A detector broke the contract of diagnostics/detector.py."""
-
-
-_KNOB = re.compile(r"^[A-Za-z_]\w*(\.[\w-]+)+$")
-
-
-def check_detector(fn: Detector, window: Window) -> list[Finding]:
-    """Run `fn` twice on `window` and check the contract: a list of Finding, the same both times,
-    finite value and threshold, a known severity, at most MAX_EVIDENCE evidence ids that all exist in
-    the window, non-empty dotted knob paths, and the window's branch and steps. Returns the findings."""
-    first, second = fn(window), fn(window)
-    name = getattr(fn, "__name__", repr(fn))
-    if not isinstance(first, list) or not all(isinstance(f, Finding) for f in first):
-        raise DetectorCheckError(f"{name}: must return a list of Finding, got {first!r:.200}")
-    if [f.to_record() for f in first] != [f.to_record() for f in second]:
-        raise DetectorCheckError(f"{name}: two runs on the same window disagree (detectors must be deterministic)")
-    for f in first:
-        where = f"{name} -> {f.name}"
-        if not f.name or not isinstance(f.message, str) or not f.message:
-            raise DetectorCheckError(f"{where}: name and message must be non-empty")
-        if f.severity not in ("info", "warning", "critical"):
-            raise DetectorCheckError(f"{where}: unknown severity {f.severity!r}")
-        for field in ("value", "threshold"):
-            v = getattr(f, field)
-            if not isinstance(v, float) or not math.isfinite(v):
-                raise DetectorCheckError(f"{where}: {field} must be a finite float, got {v!r}")
-        if not f.knobs or not all(isinstance(k, str) and _KNOB.match(k) for k in f.knobs):
-            raise DetectorCheckError(f"{where}: knobs must be non-empty dotted harness paths, got {f.knobs!r}")
-        if len(f.evidence) > MAX_EVIDENCE or len(set(f.evidence)) != len(f.evidence):
-            raise DetectorCheckError(f"{where}: evidence must be at most {MAX_EVIDENCE} distinct ids, got {len(f.evidence)}")
-        if f.evidence:
-            found = {r[0] for r in window.con.execute(
-                "SELECT id FROM (SELECT id FROM rollouts UNION ALL SELECT id FROM heldout) WHERE id IN (SELECT unnest(?::VARCHAR[]))",
-                [list(f.evidence)]).fetchall()}
-            missing = [i for i in f.evidence if i not in found]
-            if missing:
-                raise DetectorCheckError(f"{where}: evidence ids not in the window: {missing}")
-        if (f.branch, f.first_step, f.last_step) != (window.branch, window.first_step, window.last_step):
-            raise DetectorCheckError(f"{where}: branch/first_step/last_step must be the window's")
-    return first

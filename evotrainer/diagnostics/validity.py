@@ -2,8 +2,8 @@
 audit, rewarded rollouts that fail it, tool errors, turn caps and infrastructure failures."""
 from __future__ import annotations
 
-from evotrainer.diagnostics.builtin import finding, ids, thirds
-from evotrainer.diagnostics.detector import Finding, Window
+from evotrainer.diagnostics.builtin import thirds
+from evotrainer.diagnostics.detector import Finding, Window, finding, ids
 
 # One row per (rollout, reward term), over the terms the harness paid in the window (the step metrics
 # `reward_weights/<term>`): a term with no weight cannot be gamed, it only moves as a side effect (a

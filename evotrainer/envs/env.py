@@ -30,6 +30,9 @@ class Domain(Protocol):
     name: str
     stop: tuple[str, ...]
     reward_terms: dict[str, RewardFn]
+    demo_recipe: dict[str, Any]
+    """What the demonstrations depend on beyond the config (a version, shares): part of the warm-start
+    cache key, so a change to the demonstration code never reuses a stale base. {} for none."""
 
     def tasks(self, split: str) -> list[Task]: ...
 

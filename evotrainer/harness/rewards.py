@@ -7,14 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from evotrainer.config import ConfigError
+from evotrainer.errors import HarnessError
 from evotrainer.envs.env import Domain
 from evotrainer.harness.harness import Harness
 from evotrainer.types import Task, Turn
-
-
-class HarnessError(ConfigError):
-    """A harness that does not fit the domain (for example a reward term the domain lacks)."""
 
 
 def check_terms(harness: Harness, domain: Domain) -> None:

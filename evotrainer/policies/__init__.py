@@ -1,9 +1,12 @@
 """Policies: the contract in policy.py, Hugging Face models in hf.py, the embedded tiny default in tiny.py."""
 from __future__ import annotations
 
-from evotrainer.config import ConfigError, RunConfig
+from evotrainer.errors import ConfigError
+from evotrainer.config import RunConfig
 from evotrainer.envs.env import Domain
+from evotrainer.envs.registry import warm_start_key
 from evotrainer.policies.hf import HFPolicy
+from evotrainer.policies.tiny import tiny_base
 
 
 def load_policy(cfg: RunConfig, domain: Domain, progress=None, log=print) -> HFPolicy:
@@ -16,7 +19,5 @@ def load_policy(cfg: RunConfig, domain: Domain, progress=None, log=print) -> HFP
             return HFPolicy.load(p.path, lora_rank=p.lora_rank)
         except FileNotFoundError as e:
             raise ConfigError(str(e)) from None
-    from evotrainer.envs import domain_key
-    from evotrainer.policies.tiny import tiny_base
-
-    return HFPolicy.load(tiny_base(p, domain, domain_key(cfg), cfg.run.seed, progress=progress, log=log), lora_rank=p.lora_rank)
+    return HFPolicy.load(tiny_base(p, domain, warm_start_key(cfg, domain), cfg.run.seed, progress=progress, log=log),
+                         lora_rank=p.lora_rank)

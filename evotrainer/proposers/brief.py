@@ -11,6 +11,7 @@ from evotrainer.diagnostics.detector import Finding
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.interventions import Intervention
 from evotrainer.proposers.proposer import Brief, PastTrial, SkillMatch, signature
+from evotrainer.store.files import sql_list
 from evotrainer.store.ledger import Ledger
 from evotrainer.store.rollouts import RolloutStore
 
@@ -26,7 +27,7 @@ def evidence(store: RolloutStore, ids: list[str]) -> dict[str, dict[str, Any]]:
     """Full records of the cited training rollouts (turns, rewards per term, audit, termination)."""
     if not ids:
         return {}
-    rows = store.query("split = 'train' AND id IN (" + ", ".join("'" + i.replace("'", "''") + "'" for i in ids) + ")")
+    rows = store.query(f"split = 'train' AND id IN {sql_list(ids)}")
     out = {}
     for r in rows:
         r = dict(r)
@@ -53,9 +54,9 @@ def samples(store: RolloutStore, branches: list[str], n: int) -> list[str]:
     context for a proposer when few findings cite evidence."""
     if n <= 0 or not branches:
         return []
-    names = ", ".join("'" + b.replace("'", "''") + "'" for b in branches)
-    rows = store.sql(f"WITH last AS (SELECT * FROM rollouts WHERE split = 'train' AND branch IN ({names}) "
-                     f"AND step = (SELECT max(step) FROM rollouts WHERE split = 'train' AND branch IN ({names}))) "
+    names = sql_list(branches)
+    rows = store.sql(f"WITH last AS (SELECT * FROM rollouts WHERE split = 'train' AND branch IN {names} "
+                     f"AND step = (SELECT max(step) FROM rollouts WHERE split = 'train' AND branch IN {names})) "
                      f"(SELECT id, 0 AS k FROM last ORDER BY reward DESC, id LIMIT {int(n)}) UNION ALL "
                      f"(SELECT id, 1 AS k FROM last ORDER BY reward ASC, id LIMIT {int(n)})")
     best, worst = [r["id"] for r in rows if r["k"] == 0], [r["id"] for r in rows if r["k"] == 1]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ from evotrainer.proposers.brief import check_isolation
 from evotrainer.proposers.llm_client import LLMClient, LLMError, Reply, estimate_tokens
 from evotrainer.proposers.llm_prompt import SYSTEM, feedback, render
 from evotrainer.proposers.proposer import Brief, Proposal, intervention_key, screen
+from evotrainer.store.files import atomic_write_json
 from evotrainer.store.ledger import Charge, Ledger
 
 FIELDS = ("kind", "target", "value", "hypothesis")
@@ -167,17 +167,10 @@ class LLMProposer:
         return self.run_dir / "llm" / f"{rnd:03d}-{n}.json"
 
     def _write(self, rnd: int, n: int, record: dict[str, Any]) -> Path:
-        """Atomically: write a hidden temporary file, fsync, rename."""
         path = self._path(rnd, n)
         path.parent.mkdir(parents=True, exist_ok=True)
         record = {**record, "prompt_sha": _digest(self.client.model, record["messages"]), "written": time.time()}
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "w") as f:
-            json.dump(record, f, indent=1, default=str)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        return path
+        return atomic_write_json(path, record, indent=1)
 
 
 def check_endpoint(cfg: RunConfig) -> None:

@@ -9,7 +9,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from evotrainer.config import ConfigError, LLMSection
+from evotrainer.errors import ConfigError
+from evotrainer.config import LLMSection
 
 BASE_URL_ENV = "EVOTRAINER_LLM_BASE_URL"
 MODEL_ENV = "EVOTRAINER_LLM_MODEL"

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from evotrainer.store.files import sql_list
 from evotrainer.store.ledger import Ledger
 from evotrainer.store.rollouts import RolloutStore
 
@@ -155,7 +156,7 @@ def write_report(run_dir: str | Path) -> Path:
         parts.append("<h2>Evidence rollouts</h2>")
         ids = list(dict.fromkeys(cited))
         if ids:
-            rows = store.query("id IN (" + ", ".join("'" + i.replace("'", "''") + "'" for i in ids) + ")")
+            rows = store.query(f"id IN {sql_list(ids)}")
             for r in rows:
                 turns = "".join(f"<b>action</b> {_e(t['action'])}\n" + (f"<b>observation</b> {_e(t['observation'])}\n" if t["observation"] else "")
                                 for t in r["turns"])

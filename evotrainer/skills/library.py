@@ -11,17 +11,17 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
-import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from evotrainer.config import ConfigError
+from evotrainer.errors import ConfigError
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.interventions import Hypothesis, Intervention, knob_value
 from evotrainer.proposers.proposer import SkillMatch, similarity
+from evotrainer.store.files import atomic_write_text
 
 WINS_TO_LEAVE_QUARANTINE = 2
 
@@ -126,13 +126,7 @@ class SkillLibrary:
         return Skill.model_validate_json(p.read_text())
 
     def _write(self, skill: Skill) -> None:
-        path = self.root / f"{skill.id}.json"
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            f.write(skill.model_dump_json(indent=2))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        atomic_write_text(self.root / f"{skill.id}.json", skill.model_dump_json(indent=2))
 
     def record(self, iv: Intervention, ev: Evidence, *, source: str, create: bool, sid: str | None = None) -> Skill | None:
         """Add a trial's outcome to the skill of this intervention. A promotion creates the skill

@@ -11,6 +11,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from evotrainer.store.files import atomic_write_bytes
 from evotrainer.types import Rollout
 
 TURN = pa.struct([("action", pa.string()), ("tokens", pa.int32()), ("mean_logprob", pa.float64()),
@@ -40,16 +41,9 @@ DIAGNOSIS_SCHEMA = pa.schema([("suite_version", pa.string()), ("branch", pa.stri
 def atomic_write_parquet(table: pa.Table, path: Path) -> None:
     """Readers see the whole shard or nothing: the temporary name does not match *.parquet, and
     rename is atomic within a directory. A killed writer leaves at most a hidden .tmp file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    pq.write_table(table, tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    atomic_write_bytes(path, sink.getvalue().to_pybytes())
 
 
 class RolloutStore:

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from evotrainer.envs.episodes import Episode
+from evotrainer.training.rollout import Episode
 from evotrainer.harness.harness import Harness
 from evotrainer.policies.hf import HFPolicy, sequence_logprobs
 

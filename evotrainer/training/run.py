@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from evotrainer.config import RunConfig, dump_config
-from evotrainer.envs import make_domain
+from evotrainer.envs.registry import make_domain
 from evotrainer.evaluation import EvalResult, evaluate
 from evotrainer.harness.rewards import check_terms, score
 from evotrainer.policies import load_policy

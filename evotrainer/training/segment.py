@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from evotrainer.envs.env import Domain
-from evotrainer.envs.episodes import Episode, run_episodes
+from evotrainer.training.rollout import Episode, run_episodes
 from evotrainer.harness.filters import trainable
 from evotrainer.harness.harness import Curriculum, Harness
 from evotrainer.harness.rewards import term_values, total_reward

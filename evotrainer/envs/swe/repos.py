@@ -9,7 +9,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from evotrainer.envs.swe_runner import load_in_process, run_in_process
+from evotrainer.envs.swe.runner import load_in_process, run_in_process
 
 FAMILIES = ("operator", "off_by_one", "constant", "swapped_args", "missing_case")
 LEVELS = {

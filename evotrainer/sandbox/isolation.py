@@ -1,6 +1,4 @@
-"""The sandbox: model-written code runs in a separate, resource-limited process with no network, a private
-working directory and, where bubblewrap exists, a filesystem view of only the Python install and that
-directory. The trainer never imports it (DESIGN.md invariant 8).
+"""Which isolation layers this machine has, and the command line that applies them.
 
 Layers, strongest available first (`mechanisms()` says which are active, and warns once about the rest):
   bwrap     mount + pid + net + ipc + uts namespaces: the job sees /usr, the Python install (read-only)
@@ -10,67 +8,25 @@ Layers, strongest available first (`mechanisms()` says which are active, and war
             enforced for root, so this is what makes the process limit hold; it also keeps the job
             out of root-only files.
   rlimits   always: CPU seconds, address space, file size, no core files; processes where `nproc`.
-Wall time and output size are enforced here: the pipes are read incrementally and the job's whole
-session is killed at the cap; with a pid namespace, killing its first process ends every process in it.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
-import selectors
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import threading
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from evotrainer.envs import sandbox_worker
+from evotrainer.sandbox.limits import Limits
 
 log = logging.getLogger(__name__)
 
-Termination = str  # "ok" | "error" | "timeout" | "memory" | "output"
-TERMINATIONS = ("ok", "error", "timeout", "memory", "output")
-_WORKER_SOURCE = Path(sandbox_worker.__file__).read_text()
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32")
-# Everything a pool worker's jobs may hold on disk at once (one job at a time, so one job's files).
-WORKER_TMPFS_BYTES = 256 << 20
-
-
-@dataclass(frozen=True)
-class Limits:
-    cpu_seconds: float = 2.0
-    """CPU time (RLIMIT_CPU, whole seconds, rounded up): SIGXCPU, then SIGKILL a second later."""
-    wall_seconds: float = 5.0
-    """Wall clock from start to exit; the whole process group is killed at the limit."""
-    memory_mb: int = 256
-    """Address space (RLIMIT_AS); Python raises MemoryError past it."""
-    processes: int = 32
-    """RLIMIT_NPROC for the job's uid (enforced where mechanisms()['nproc'])."""
-    output_bytes: int = 64_000
-    """stdout + stderr together; the job is killed when it writes more. Each stream keeps its tail."""
-    file_bytes: int = 4_000_000
-    """Largest file the job may write (RLIMIT_FSIZE)."""
-
-
-@dataclass(frozen=True)
-class ExecResult:
-    termination: Termination
-    """ok | error (nonzero exit) | timeout (wall or CPU) | memory | output (output or file size cap)."""
-    returncode: int | None
-    """Exit code (negative: killed by that signal); None when the sandbox killed it at a limit."""
-    stdout: str
-    stderr: str
-    wall_seconds: float
-
-    @property
-    def ok(self) -> bool:
-        return self.termination == "ok"
 
 
 # -- which isolation layers this machine has ---------------------------------------------------------
@@ -117,7 +73,7 @@ def _probe() -> dict[str, bool]:
          "rlimits": True, "nproc": False, "prlimit": shutil.which("prlimit") is not None, "tmpfs": False}
     setpriv = root and "setpriv" not in off and shutil.which("setpriv") is not None
     with tempfile.TemporaryDirectory(prefix="evotrainer-probe-") as d:
-        uid = _next_uid() if setpriv else None
+        uid = next_uid() if setpriv else None
         if uid is not None:
             os.chown(d, uid, uid)
         if "bwrap" not in off and shutil.which("bwrap"):
@@ -153,7 +109,7 @@ _uid_lock = threading.Lock()
 _uid_counter = 0
 
 
-def _next_uid() -> int:
+def next_uid() -> int:
     """An unprivileged uid for one sandbox (root only): distinct per sandbox in this process and
     spread by pid across processes, so their process counts (RLIMIT_NPROC is per uid) do not mix."""
     global _uid_counter
@@ -196,7 +152,7 @@ def _bwrap_prefix(workdir: str, readonly: Sequence[str], *, die_with_parent: boo
     else:
         cmd += ["--bind", workdir, workdir]
     cmd += ["--chdir", workdir, "--clearenv"]
-    for k, v in _env(workdir).items():
+    for k, v in job_env(workdir).items():
         cmd += ["--setenv", k, v]
     return cmd
 
@@ -228,11 +184,11 @@ def _rlimit_prefix(limits: Limits, nproc: bool) -> list[str]:
     return [python_executable(), "-S", "-I", "-c", launcher, json.dumps(spec)]
 
 
-def _env(workdir: str) -> dict[str, str]:
+def job_env(workdir: str) -> dict[str, str]:
     return {"HOME": workdir, "TMPDIR": workdir, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 
-def _command(argv: list[str], workdir: str, limits: Limits | None, readonly: Sequence[str], *, die_with_parent: bool,
+def command(argv: list[str], workdir: str, limits: Limits | None, readonly: Sequence[str], *, die_with_parent: bool,
              uid: int | None, tmpfs_bytes: int | None = None) -> list[str]:
     """The full command line. rlimits are set last, inside the namespaces: for a non-root user the
     process limit then counts only the processes of the new user namespace."""
@@ -248,7 +204,7 @@ def _command(argv: list[str], workdir: str, limits: Limits | None, readonly: Seq
     return inner
 
 
-def _give(path: Path, uid: int | None) -> None:
+def give(path: Path, uid: int | None) -> None:
     """Hand the job's directory to its uid, so the job can write there and nowhere else."""
     if uid is None:
         return
@@ -256,172 +212,3 @@ def _give(path: Path, uid: int | None) -> None:
     for dirpath, dirnames, filenames in os.walk(path):
         for name in dirnames + filenames:
             os.lchown(os.path.join(dirpath, name), uid, uid)
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _spawn(cmd: list[str], workdir: Path, stderr: int = subprocess.PIPE) -> tuple[subprocess.Popen, int | None]:
-    """Start a sandbox command; with bwrap also return a pidfd of the pid namespace's first process
-    (reported on --info-fd), through which _stop ends every process in the namespace."""
-    info_r = info_w = None
-    if cmd[0] == "bwrap":
-        info_r, info_w = os.pipe()
-        cmd = [cmd[0], "--info-fd", str(info_w), *cmd[1:]]
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, cwd=workdir,
-                            env=_env(str(workdir)), start_new_session=True, close_fds=True,
-                            pass_fds=(info_w,) if info_w is not None else ())
-    if info_r is None:
-        return proc, None
-    os.close(info_w)
-    info = b""
-    while b"}" not in info:
-        chunk = _read_exact(info_r, 1, 10.0)
-        if not chunk:
-            break
-        info += chunk
-    os.close(info_r)
-    try:
-        return proc, os.pidfd_open(int(json.loads(info)["child-pid"]))
-    except (ValueError, KeyError, OSError):
-        return proc, None
-
-
-def _stop(proc: subprocess.Popen, ns_fd: int | None) -> None:
-    """Kill a sandbox and wait until every process in it is gone. Killing the pid namespace's first
-    process makes the kernel kill the rest (even those that left the session), but asynchronously:
-    its pidfd turns readable only once they are dead. Without bwrap (unshare), that first process is
-    unshare's child, found while unshare is alive; without a namespace, the session kill is all."""
-    fds = [ns_fd] if ns_fd is not None else []
-    if ns_fd is None and proc.poll() is None:
-        try:
-            kids = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-            fds = [os.pidfd_open(int(k)) for k in kids]
-        except OSError:
-            pass
-    for fd in fds:
-        try:
-            signal.pidfd_send_signal(fd, signal.SIGKILL)
-        except OSError:
-            pass
-    _kill_group(proc.pid)
-    proc.wait()
-    for f in (proc.stdin, proc.stdout, proc.stderr):
-        if f is not None:
-            try:
-                f.close()
-            except OSError:
-                pass
-    for fd in fds:
-        sel = selectors.DefaultSelector()
-        sel.register(fd, selectors.EVENT_READ)
-        sel.select(5.0)
-        sel.close()
-        os.close(fd)
-
-
-# -- one process ------------------------------------------------------------------------------------------
-def run(argv: list[str], workdir: Path, limits: Limits = Limits(), stdin: str = "", *,
-        readonly: Sequence[Path] = ()) -> ExecResult:
-    """Run argv in the sandbox with `workdir` as its cwd and HOME (the only writable place it sees
-    under bwrap). `readonly`: extra paths bound read-only (bwrap only; e.g. a repository to test).
-    Hidden data the job must not read stays out of workdir, or goes in over stdin."""
-    workdir = Path(workdir).resolve()
-    if not workdir.is_dir():
-        raise FileNotFoundError(f"sandbox workdir {workdir} is not a directory")
-    m = mechanisms()
-    uid = _next_uid() if m["uid_drop"] else None
-    _give(workdir, uid)
-    cmd = _command(argv, str(workdir), limits, [str(p) for p in readonly], die_with_parent=True, uid=uid)
-    t0 = time.monotonic()
-    proc, ns_fd = _spawn(cmd, workdir)
-    try:
-        out, err, killed = _pump(proc, stdin.encode(), limits, t0 + limits.wall_seconds)
-    finally:
-        _stop(proc, ns_fd)  # whatever is left of it, and wait until it is gone
-    rc = _exit_code(proc.returncode, m["bwrap"])
-    reason = killed or sandbox_worker.classify(rc, err, time.monotonic() - t0, limits.cpu_seconds)
-    return ExecResult(reason, None if killed else rc, out, err, time.monotonic() - t0)
-
-
-def _exit_code(rc: int, bwrap: bool) -> int:
-    # bwrap reports a child killed by signal N as exit status 128 + N; unshare re-raises the signal.
-    return -(rc - 128) if bwrap and 128 < rc < 160 else rc
-
-
-def _pump(proc: subprocess.Popen, data: bytes, limits: Limits, deadline: float) -> tuple[str, str, str | None]:
-    """Feed stdin, read stdout / stderr incrementally (tails kept), stop at the wall or output cap."""
-    sel = selectors.DefaultSelector()
-    bufs = {proc.stdout: bytearray(), proc.stderr: bytearray()}
-    for f in bufs:
-        sel.register(f, selectors.EVENT_READ)
-    view = memoryview(data)
-    if view:
-        os.set_blocking(proc.stdin.fileno(), False)
-        sel.register(proc.stdin, selectors.EVENT_WRITE)
-    else:
-        proc.stdin.close()
-    total, reason, cap = 0, None, limits.output_bytes
-    while sel.get_map() and reason is None:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            reason = "timeout"
-            break
-        for key, _ in sel.select(left):
-            f = key.fileobj
-            if f is proc.stdin:
-                try:
-                    view = view[os.write(f.fileno(), view[:65536]):]
-                except BlockingIOError:
-                    continue
-                except BrokenPipeError:
-                    view = view[:0]
-                if not view:
-                    sel.unregister(f)
-                    f.close()
-                continue
-            chunk = os.read(f.fileno(), 65536)
-            if not chunk:
-                sel.unregister(f)
-                continue
-            total += len(chunk)
-            sandbox_worker.keep_tail(bufs[f], chunk, cap)
-            if total > cap:
-                reason = "output"
-    sel.close()
-    if reason is None:
-        try:
-            proc.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            reason = "timeout"
-    return bufs[proc.stdout].decode("utf-8", "replace"), bufs[proc.stderr].decode("utf-8", "replace"), reason
-
-
-def run_python(source: str, workdir: Path, limits: Limits = Limits(), stdin: str = "") -> ExecResult:
-    """Write `source` to workdir/main.py and run it with `python -S -I` in the sandbox."""
-    workdir = Path(workdir)
-    (workdir / "main.py").write_text(source)
-    return run([python_executable(), "-S", "-I", "main.py"], workdir, limits, stdin)
-
-
-def _read_exact(fd: int, n: int, timeout: float) -> bytes | None:
-    deadline = time.monotonic() + timeout
-    buf = b""
-    sel = selectors.DefaultSelector()
-    sel.register(fd, selectors.EVENT_READ)
-    try:
-        while len(buf) < n:
-            left = deadline - time.monotonic()
-            if left <= 0 or not sel.select(left):
-                return None
-            chunk = os.read(fd, n - len(buf))
-            if not chunk:
-                return None
-            buf += chunk
-        return buf
-    finally:
-        sel.close()

@@ -11,6 +11,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from evotrainer import sandbox
+
 MARK = "@@evotrainer-report@@ "
 
 # The runner, as source: the sandbox executes it as a script, the in-process path execs the same text,
@@ -255,10 +257,8 @@ class SandboxRunner:
     a test run is deterministic. One runner (and pool) per process: see `sandbox_runner()`."""
 
     def __init__(self, limits: Any = None, cache_size: int = 8192, pool: Any = None):
-        """pool: a sandbox_pool.WorkerPool to use (shared with other domains); default: one of our own."""
-        from evotrainer.envs import sandbox, sandbox_pool
-
-        self._new_pool = sandbox_pool.WorkerPool
+        """pool: a sandbox.WorkerPool to use (shared with other domains); default: one of our own."""
+        self._new_pool = sandbox.WorkerPool
         self.limits = limits or sandbox.Limits(cpu_seconds=1.0, wall_seconds=4.0, memory_mb=256)
         self._pool: Any = pool
         self._cache: OrderedDict[str, TestReport] = OrderedDict()

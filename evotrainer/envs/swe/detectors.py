@@ -5,8 +5,7 @@ rollouts of other domains (no `files_touched` in their info). Function names do 
 (their registry names do): a test module importing one would otherwise have pytest collect it."""
 from __future__ import annotations
 
-from evotrainer.diagnostics.builtin import finding, ids
-from evotrainer.diagnostics.detector import Finding, Window
+from evotrainer.diagnostics.detector import Finding, Window, finding, ids
 
 # One row per SWE train rollout. The `contains` test skips other domains' info without parsing it as
 # JSON; try() keeps a malformed info string from failing the whole detector. `paid`: the reward

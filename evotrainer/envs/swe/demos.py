@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from evotrainer.envs.swe_repos import CALLERS, HELPERS, POOL
+from evotrainer.envs.swe.repos import CALLERS, HELPERS, POOL
 from evotrainer.types import Task
 
 _FNS = {fn.name: fn for fn in POOL + HELPERS + CALLERS}

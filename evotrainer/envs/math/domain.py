@@ -8,6 +8,7 @@ from typing import Any
 
 import reasoning_gym
 
+from evotrainer.envs.math.config import MathConfig
 from evotrainer.types import Task, Turn
 
 ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -35,9 +36,15 @@ class MathEnv:
 class MathDomain:
     name = "math"
     stop = ("</answer>",)
+    demo_recipe: dict[str, Any] = {}
+
+    @classmethod
+    def from_config(cls, env: MathConfig, *, seed: int, heldout_size: int) -> "MathDomain":
+        return cls([d.model_dump() for d in env.datasets], seed=seed, train_size=env.train_size, heldout_size=heldout_size,
+                   scorer=env.scorer)
 
     def __init__(self, datasets: list[dict[str, Any]], *, seed: int, train_size: int, heldout_size: int, scorer: str = "dataset"):
-        """datasets: [{name, weight, difficulty, config}] as in config.MathDataset."""
+        """datasets: [{name, weight, difficulty, config}] as in envs/math/config.py MathDataset."""
         if not datasets:
             raise ValueError("env.datasets must list at least one reasoning-gym dataset")
         self.scorer = scorer

@@ -1,45 +1,33 @@
-"""The loop's commands: `run`, `resume`, `status`, `report`, and `skills list|show|export|import`."""
+"""The loop's commands: `run`, `resume`, `status`, `report`."""
 from __future__ import annotations
 
 import json
 import os
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.live import Live
 from rich.table import Table
 
-from evotrainer.cli import UserError, _overrides, app, console
+from evotrainer.cli.common import console, loop_dir, parse_overrides
 from evotrainer.config import load_config
 
-skills_app = typer.Typer(no_args_is_help=True, help="The skill library shared across runs.")
-app.add_typer(skills_app, name="skills")
 
-
-def _loop_dir(run: Path) -> Path:
-    if not (run / "ledger.sqlite").exists():
-        raise UserError(f"{run}: not a loop run directory (no ledger.sqlite); pass the directory `evotrainer run` created, e.g. runs/NAME")
-    return run
-
-
-@app.command()
 def run(config: Path = typer.Argument(..., help="YAML run config"),
         set_: list[str] = typer.Option([], "--set", help="Override a field, e.g. --set budget.seconds=600")) -> None:
     """Run the co-evolution loop (train, diagnose, revise, propose, replay, trial, gate, promote, remember)
     until the budget is spent."""
     from evotrainer.loop import run_loop
 
-    run_loop(load_config(config, _overrides(set_)), console)
+    run_loop(load_config(config, parse_overrides(set_)), console)
 
 
-@app.command()
 def resume(run: Path = typer.Argument(..., help="Run directory of a loop run")) -> None:
     """Continue a loop run that was stopped or killed, from its first unfinished stage."""
     from evotrainer.loop import run_loop
 
-    cfg = load_config(_loop_dir(run) / "config.yaml")
+    cfg = load_config(loop_dir(run) / "config.yaml")
     run_loop(cfg.model_copy(update={"run": cfg.run.model_copy(update={"out_dir": run.parent, "name": run.name})}),
              console, resume=True)
 
@@ -85,11 +73,10 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@app.command()
 def status(run: Path = typer.Argument(..., help="Run directory of a loop run"),
            watch: bool = typer.Option(False, help="Keep refreshing while the run is going")) -> None:
     """Where a loop run stands: round, stage, budget, mainline metric, current trial."""
-    _loop_dir(run)
+    loop_dir(run)
     if not watch:
         console.print(_status_table(run))
         return
@@ -99,48 +86,8 @@ def status(run: Path = typer.Argument(..., help="Run directory of a loop run"),
             live.update(_status_table(run))
 
 
-@app.command()
 def report(run: Path = typer.Argument(..., help="Run directory of a loop run")) -> None:
     """Write the run's self-contained HTML report (lineage, metrics, findings, verdicts, skills)."""
     from evotrainer.report import write_report
 
-    console.print(f"wrote {write_report(_loop_dir(run))}")
-
-
-def _library(skills_dir: Optional[Path]):
-    from evotrainer.config import LoopSection
-    from evotrainer.skills.library import SkillLibrary
-
-    return SkillLibrary(skills_dir or LoopSection().skills_dir)
-
-
-_DIR = typer.Option(None, "--dir", help="Skill library directory (default: loop.skills_dir's default, ~/.evotrainer/skills)")
-
-
-@skills_app.command("list")
-def skills_list(skills_dir: Optional[Path] = _DIR) -> None:
-    """List the skills: template, trigger signature, evidence, quarantine."""
-    t = Table("id", "intervention", "signature", "domains", "won", "lost", "mean effect", "status")
-    for s in _library(skills_dir).all():
-        change = f"x{s.factor:g}" if s.factor is not None else repr(s.value)
-        t.add_row(s.id, f"{s.kind} {s.target} {change}", ", ".join(s.signature) or "-", ", ".join(s.domains), str(s.wins),
-                  str(s.losses), f"{s.mean_effect:+.3f}", "quarantined" if s.quarantined else "active")
-    console.print(t)
-
-
-@skills_app.command("show")
-def skills_show(skill: str = typer.Argument(..., help="Skill id (k-...)"), skills_dir: Optional[Path] = _DIR) -> None:
-    """One skill in full, with its evidence and lineage."""
-    console.print_json(_library(skills_dir).get(skill).model_dump_json())
-
-
-@skills_app.command("export")
-def skills_export(dest: Path = typer.Argument(..., help="JSON file to write"), skills_dir: Optional[Path] = _DIR) -> None:
-    """Write every skill to one JSON file (to share a library)."""
-    console.print(f"exported {_library(skills_dir).export(dest)} skill(s) to {dest}")
-
-
-@skills_app.command("import")
-def skills_import(src: Path = typer.Argument(..., help="A file written by `skills export`"), skills_dir: Optional[Path] = _DIR) -> None:
-    """Merge skills from an export; evidence already present is not counted twice."""
-    console.print(f"imported {_library(skills_dir).import_(src)} skill(s) from {src}")
+    console.print(f"wrote {write_report(loop_dir(run))}")

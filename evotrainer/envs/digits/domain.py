@@ -6,6 +6,7 @@ import random
 import re
 from typing import Any
 
+from evotrainer.envs.digits.config import DigitsConfig
 from evotrainer.types import Task, Turn
 
 ASK_RE = re.compile(r"ask (\d+)\n?")
@@ -45,6 +46,12 @@ class DigitsEnv:
 class DigitsDomain:
     name = "digits"
     stop = ("\n",)
+    demo_recipe: dict[str, Any] = {}
+
+    @classmethod
+    def from_config(cls, env: DigitsConfig, *, seed: int, heldout_size: int) -> "DigitsDomain":
+        return cls(seed=seed, num_digits=env.num_digits, train_size=env.train_size, heldout_size=heldout_size,
+                   infra_error_rate=env.infra_error_rate)
 
     def __init__(self, *, seed: int, num_digits: int, train_size: int, heldout_size: int, infra_error_rate: float = 0.0):
         self.num_digits = num_digits

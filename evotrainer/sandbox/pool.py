@@ -1,6 +1,6 @@
 """The worker pool: the sandbox's fast path for many small Python jobs (code tests, SWE test runs).
 Starting a sandboxed interpreter costs tens of milliseconds and pytest ~0.7 s; a pre-started worker
-(sandbox_worker.py, under the same isolation as sandbox.run) forks each job from a warm interpreter in
+(worker.py, under the same isolation as sandbox.run) forks each job from a warm interpreter in
 a few milliseconds (benchmarks/sandbox.py)."""
 from __future__ import annotations
 
@@ -15,26 +15,32 @@ import time
 import weakref
 from pathlib import Path
 
-from evotrainer.envs.sandbox import (WORKER_TMPFS_BYTES, ExecResult, Limits, _WORKER_SOURCE, _command, _give, _next_uid,
-                                     _read_exact, _spawn, _stop, mechanisms, python_executable)
+from evotrainer.sandbox import worker
+from evotrainer.sandbox.isolation import command, give, mechanisms, next_uid, python_executable
+from evotrainer.sandbox.limits import ExecResult, Limits
+from evotrainer.sandbox.process import read_exact, spawn, stop
+
+_WORKER_SOURCE = Path(worker.__file__).read_text()
+# Everything a pool worker's jobs may hold on disk at once (one job at a time, so one job's files).
+WORKER_TMPFS_BYTES = 256 << 20
 
 
 class _Worker:
-    """One sandboxed worker process (sandbox_worker.py) with its own directory and uid."""
+    """One sandboxed worker process (worker.py) with its own directory and uid."""
 
     def __init__(self) -> None:
         m = mechanisms()
         self.root = Path(tempfile.mkdtemp(prefix="evotrainer-sbx-")).resolve()
-        self.uid = _next_uid() if m["uid_drop"] else None
-        _give(self.root, self.uid)
+        self.uid = next_uid() if m["uid_drop"] else None
+        give(self.root, self.uid)
         # kill(-1) after each job is scoped to the pid namespace, or to the worker's own uid.
         cfg = {"root": str(self.root), "nproc": m["nproc"], "kill_all": m["pidns"] or self.uid is not None}
         # No --die-with-parent: it fires when the *thread* that started bwrap exits, and pools are used
         # from short-lived threads. The worker exits on EOF, which comes when the trainer closes the pipe
         # or dies; close() ends its namespace earlier (_stop).
-        cmd = _command([python_executable(), "-S", "-I", "-c", _WORKER_SOURCE, json.dumps(cfg)], str(self.root), None, (),
+        cmd = command([python_executable(), "-S", "-I", "-c", _WORKER_SOURCE, json.dumps(cfg)], str(self.root), None, (),
                        die_with_parent=False, uid=self.uid, tmpfs_bytes=WORKER_TMPFS_BYTES)
-        self.proc, self.ns_fd = _spawn(cmd, self.root, stderr=subprocess.DEVNULL)
+        self.proc, self.ns_fd = spawn(cmd, self.root, stderr=subprocess.DEVNULL)
 
     def call(self, job: dict, timeout: float) -> dict | None:
         """The worker's answer, or None when it died or missed the deadline (then it is killed)."""
@@ -43,14 +49,14 @@ class _Worker:
             self.proc.stdin.write(struct.pack(">Q", len(data)) + data)
             self.proc.stdin.flush()
             fd = self.proc.stdout.fileno()
-            hdr = _read_exact(fd, 8, timeout)
-            body = _read_exact(fd, struct.unpack(">Q", hdr)[0], timeout) if hdr else None
+            hdr = read_exact(fd, 8, timeout)
+            body = read_exact(fd, struct.unpack(">Q", hdr)[0], timeout) if hdr else None
             return json.loads(body) if body else None
         except (OSError, ValueError):
             return None
 
     def close(self) -> None:
-        _stop(self.proc, self.ns_fd)
+        stop(self.proc, self.ns_fd)
         shutil.rmtree(self.root, ignore_errors=True)
 
 

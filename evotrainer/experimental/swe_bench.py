@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evotrainer.envs.swe_runner import TestReport, sandbox_runner
+from evotrainer.envs.swe.runner import TestReport, sandbox_runner
 from evotrainer.types import Task
 
 REQUIRED = ("instance_id", "problem_statement", "patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS")
@@ -210,8 +210,8 @@ def episode_patch(task: Task, info: dict[str, Any]) -> str:
 def export_instance(task: Task, root: Path) -> dict[str, Any]:
     """Write a generated task as a git repository under root/<task id> (one commit: the buggy repo)
     and return its SWE-bench-format instance. The hidden tests become the test patch."""
-    from evotrainer.envs.swe_repos import apply_line
-    from evotrainer.envs.swe_runner import run_in_process
+    from evotrainer.envs.swe.repos import apply_line
+    from evotrainer.envs.swe.runner import run_in_process
 
     d = task.data
     repo = root / task.id

@@ -21,9 +21,9 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from evotrainer.envs import code_tasks as ct
-from evotrainer.envs.sandbox import Limits
-from evotrainer.envs.sandbox_pool import WorkerPool
+from evotrainer.envs.code import tasks as ct
+from evotrainer.envs.code.config import CodeConfig
+from evotrainer.sandbox import Limits, WorkerPool
 from evotrainer.types import Task, Turn
 
 _HELDOUT_SEED_OFFSET = 1_000_003
@@ -36,7 +36,7 @@ _HELDOUT_SEED_OFFSET = 1_000_003
 # the shortcut pays as it does in real setups and RL on the visible tests can drift toward it.
 DEMO_WANDER = 0.13
 DEMO_HARDCODE = {1: 0.1, 2: 0.3, 3: 0.6}
-# The warm start's cache key holds this (envs/__init__.py: domain_key): bump DEMO_VERSION when the
+# The warm start's cache key holds this (envs/registry.py: warm_start_key): bump DEMO_VERSION when the
 # demonstration code changes meaning, so no stale base is reused.
 DEMO_VERSION = 2
 DEMO_RECIPE = {"version": DEMO_VERSION, "wander": DEMO_WANDER, "hardcode": DEMO_HARDCODE}
@@ -190,6 +190,12 @@ class CodeEnv:
 
 class CodeDomain:
     name = "code"
+    demo_recipe: dict[str, Any] = DEMO_RECIPE
+
+    @classmethod
+    def from_config(cls, env: CodeConfig, *, seed: int, heldout_size: int) -> "CodeDomain":
+        return cls(source=env.code_source, seed=seed, train_size=env.train_size, heldout_size=heldout_size,
+                   path=env.code_path)
 
     def __init__(self, *, source: str = "generated", seed: int = 0, train_size: int = 2000, heldout_size: int = 200,
                  path: str | Path | None = None, limits: Limits = Limits(cpu_seconds=1.0, wall_seconds=3.0, memory_mb=256)):
@@ -198,7 +204,7 @@ class CodeDomain:
             self._splits = generate(seed, train_size, heldout_size)
             self.stop = ("\n\n",)
         elif source in ("humaneval", "mbpp"):
-            from evotrainer.envs.code_data import load_humaneval, load_mbpp, split_tasks
+            from evotrainer.envs.code.data import load_humaneval, load_mbpp, split_tasks
 
             tasks = load_humaneval(path) if source == "humaneval" else load_mbpp(path)
             self._splits = split_tasks(tasks, seed, train_size, heldout_size)

@@ -10,8 +10,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from evotrainer.envs.swe_repos import LEVELS, Repo, generate
-from evotrainer.envs.swe_runner import TestReport, run_in_process, sandbox_runner
+from evotrainer.envs.swe.repos import LEVELS, Repo, generate
+from evotrainer.envs.swe.runner import TestReport, run_in_process, sandbox_runner
+from evotrainer.envs.swe.config import SweConfig
 from evotrainer.types import Task, Turn
 
 COMMANDS = "ls | cat FILE [A-B] | grep TEXT | replace FILE LINE[-END] TEXT | test | submit"
@@ -223,6 +224,12 @@ def format_term(task: Task, turns: list[Turn], info: dict[str, Any]) -> float:
 class SweDomain:
     name = "swe"
     stop = ("\n",)
+    demo_recipe: dict[str, Any] = {}
+
+    @classmethod
+    def from_config(cls, env: SweConfig, *, seed: int, heldout_size: int) -> "SweDomain":
+        return cls(seed=seed, levels=env.levels, train_size=env.train_size, heldout_size=heldout_size,
+                   max_output=env.max_output)
 
     def __init__(self, *, seed: int, levels: list[int], train_size: int, heldout_size: int, max_output: int = 400,
                  runner: Runner | None = None):
@@ -290,6 +297,6 @@ class SweDomain:
                 and report.collected == d["visible_tests"] + d["hidden_tests"])
 
     def demonstration(self, task: Task, rng: random.Random) -> list[tuple[str, bool]]:
-        from evotrainer.envs.swe_demos import scripted_episode
+        from evotrainer.envs.swe.demos import scripted_episode
 
         return scripted_episode(task, rng, SweEnv(run_in_process, self.max_output))

@@ -3,8 +3,8 @@ tests the reward reads and fail the hidden ones), and code that does not run. Th
 env's rollout info (`hardcoded`, `exec`) and stay quiet on rollouts of other domains."""
 from __future__ import annotations
 
-from evotrainer.diagnostics.builtin import finding, ids, thirds
-from evotrainer.diagnostics.detector import Finding, Window
+from evotrainer.diagnostics.builtin import thirds
+from evotrainer.diagnostics.detector import Finding, Window, finding, ids
 
 # One row per code train rollout. The `contains` test skips other domains' info without parsing it;
 # try() keeps a malformed info string from failing the whole detector.

@@ -1,0 +1,33 @@
+"""The app: every command registered here, by name, from the module that defines it."""
+from __future__ import annotations
+
+import typer
+
+from evotrainer.cli import harness, loop, skills, train
+from evotrainer.cli.common import err
+from evotrainer.errors import UserError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="RL post-training whose harness evolves with the policy.")
+for name, fn in (("run", loop.run), ("resume", loop.resume), ("status", loop.status), ("report", loop.report),
+                 ("train", train.train), ("eval", train.eval_), ("rollouts", train.rollouts), ("diagnose", train.diagnose),
+                 ("backtest", train.backtest), ("knobs", harness.knobs)):
+    app.command(name)(fn)
+app.add_typer(harness.harness_app, name="harness")
+app.add_typer(skills.skills_app, name="skills")
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except UserError as e:  # ConfigError included
+        err.print(f"[red]error:[/] {e}")
+        raise SystemExit(2) from None
+    except (typer.Exit, SystemExit) as e:
+        raise SystemExit(getattr(e, "exit_code", getattr(e, "code", 0))) from None
+    except Exception as e:
+        # Usage errors (unknown command, bad option) print their message, not a traceback. Checked by
+        # shape: typer may vendor click, so its exception classes are not always click's.
+        if hasattr(e, "show") and isinstance(getattr(e, "exit_code", None), int):
+            e.show()
+            raise SystemExit(e.exit_code) from None
+        raise

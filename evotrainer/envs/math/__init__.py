@@ -1,0 +1,2 @@
+"""The math domain: reasoning-gym tasks, single turn (config.py: its settings; domain.py: tasks, env,
+reward terms and the strict audit)."""

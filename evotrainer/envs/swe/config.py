@@ -1,0 +1,25 @@
+"""The SWE domain's settings (`env.domain: swe`)."""
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SweConfig(BaseModel):
+    """Fix a seeded bug in a generated mini-repository with ls / cat / grep / replace / test / submit."""
+
+    model_config = ConfigDict(extra="forbid")
+    factory: ClassVar[str] = "evotrainer.envs.swe.domain:SweDomain"
+    demo_neutral: ClassVar[frozenset[str]] = frozenset()
+
+    domain: Literal["swe"] = "swe"
+    """Which environment (see config.EnvConfig)."""
+    levels: list[int] = Field(default_factory=lambda: [0, 1, 2])
+    """Difficulty levels of the generated repositories, drawn in equal shares. 0: one module and its
+    test file; 1: two modules; 2: the tested module calls helpers in an untested module, and the bug
+    may sit in a helper, two files away from the failing test."""
+    max_output: int = Field(400, ge=40, le=100_000)
+    """Characters of one tool observation (file view, grep hits, test output) before it is cut."""
+    train_size: int = Field(20000, ge=1)
+    """Size of the train task pool."""

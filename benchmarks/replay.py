@@ -4,6 +4,7 @@ alone on columns already in memory. Uses the synthetic store of suite_scale.py.
 
     .venv/bin/python benchmarks/replay.py [--steps 1000] [--per-step 256] [--root DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,11 +37,17 @@ def main() -> None:
     root = args.root or Path(tempfile.mkdtemp(prefix="evotrainer-replay-"))
     t0 = time.perf_counter()
     write_store(root, args.steps, args.per_step)
-    print(f"store: {args.steps * args.per_step:,} rollouts in {args.steps} shards at {root} ({time.perf_counter() - t0:.1f}s to write)")
+    print(
+        f"store: {args.steps * args.per_step:,} rollouts in {args.steps} shards at {root} ({time.perf_counter() - t0:.1f}s to write)"
+    )
     store = RolloutStore(root)
     old = Harness(reward_weights={"correct": 1.0, "format": 0.1}, sampling={"num_generations": 8})
-    iv = Intervention(kind="set_reward_weight", target="reward_weights.format", value=0.5,
-                      hypothesis={"finding": "reward_hacking", "signal": "reward_audit_auc", "direction": "up"}).bind(old)
+    iv = Intervention(
+        kind="set_reward_weight",
+        target="reward_weights.format",
+        value=0.5,
+        hypothesis={"finding": "reward_hacking", "signal": "reward_audit_auc", "direction": "up"},
+    ).bind(old)
     end_to_end, compute = [], []
     for _ in range(args.repeats):
         t0 = time.perf_counter()
@@ -52,11 +59,15 @@ def main() -> None:
         end_to_end.append(len(cols) / (t2 - t0))
         compute.append(len(cols) / (t2 - t1))
     n = len(cols)
-    print(f"replayed {n:,} rollouts ({report.groups:,} groups); sign flips {report.frac_advantage_sign_flipped:.3f}, "
-          f"AUC {report.reward_audit_auc_before:.3f} -> {report.reward_audit_auc_after:.3f}")
+    print(
+        f"replayed {n:,} rollouts ({report.groups:,} groups); sign flips {report.frac_advantage_sign_flipped:.3f}, "
+        f"AUC {report.reward_audit_auc_before:.3f} -> {report.reward_audit_auc_after:.3f}"
+    )
     print(f"| replay of `{iv.describe()}` | median of {args.repeats} |")
     print("|---|---|")
-    print(f"| end to end (DuckDB scan of {args.steps} shards + re-score + report) | {statistics.median(end_to_end):,.0f} rollouts/s |")
+    print(
+        f"| end to end (DuckDB scan of {args.steps} shards + re-score + report) | {statistics.median(end_to_end):,.0f} rollouts/s |"
+    )
     print(f"| re-score + report on loaded columns | {statistics.median(compute):,.0f} rollouts/s |")
 
 

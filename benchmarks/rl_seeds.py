@@ -11,6 +11,7 @@ comes with a paired bootstrap interval over tasks.
 
 Prints a Markdown table (paste it into benchmarks/RESULTS.md) and writes benchmarks/rl_seeds-NAME-STEPS.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,39 +58,69 @@ def main() -> None:
     GRPOTrainer(policy, cfg.harness).save(base)
     before = evaluate(policy, domain, heldout, cfg.eval)
 
-    spec = ArmSpec(branch="", role="control", run_dir=str(run_dir), config=cfg.model_dump(mode="json"),
-                   harness=cfg.harness.model_dump(mode="json"), start=str(base), seed=0, first_step=1, steps=steps,
-                   gate_ids=tuple(t.id for t in heldout))
+    spec = ArmSpec(
+        branch="",
+        role="control",
+        run_dir=str(run_dir),
+        config=cfg.model_dump(mode="json"),
+        harness=cfg.harness.model_dump(mode="json"),
+        start=str(base),
+        seed=0,
+        first_step=1,
+        steps=steps,
+        gate_ids=tuple(t.id for t in heldout),
+    )
     specs = [replace(spec, branch=f"seed{s}", seed=s) for s in args.seeds]
     t0 = time.perf_counter()
     executor = ProcessExecutor(args.workers, cfg.run.threads * args.workers) if args.workers > 1 else SerialExecutor()
     arms = executor.run(specs)
     wall = time.perf_counter() - t0
 
-    rows, out = [], {"config": args.config, "overrides": overrides, "steps": steps, "heldout": len(heldout),
-                     "before": before.accuracy, "seeds": {}, "wall_seconds": wall}
+    rows, out = (
+        [],
+        {
+            "config": args.config,
+            "overrides": overrides,
+            "steps": steps,
+            "heldout": len(heldout),
+            "before": before.accuracy,
+            "seeds": {},
+            "wall_seconds": wall,
+        },
+    )
     ids = sorted(before.outcomes)
     b = np.array([before.outcomes[i] for i in ids], dtype=float)
     for s, arm in zip(args.seeds, arms):
         a = np.array([arm.outcomes[i] for i in ids], dtype=float)
         st = bootstrap(a, b, 0.95, 2000, s)
-        out["seeds"][s] = {"after": arm.accuracy, "delta": st["delta"], "ci_low": st["ci_low"], "ci_high": st["ci_high"],
-                           "seconds": arm.seconds}
-        rows.append(f"| {s} | {before.accuracy:.3f} | {arm.accuracy:.3f} | {st['delta']:+.3f} | [{st['ci_low']:+.3f}, {st['ci_high']:+.3f}] |")
+        out["seeds"][s] = {
+            "after": arm.accuracy,
+            "delta": st["delta"],
+            "ci_low": st["ci_low"],
+            "ci_high": st["ci_high"],
+            "seconds": arm.seconds,
+        }
+        rows.append(
+            f"| {s} | {before.accuracy:.3f} | {arm.accuracy:.3f} | {st['delta']:+.3f} | [{st['ci_low']:+.3f}, {st['ci_high']:+.3f}] |"
+        )
     deltas = [v["delta"] for v in out["seeds"].values()]
     out["mean_delta"] = float(np.mean(deltas))
     # Pooled: each task's success rate over the seeds against before, bootstrapped over tasks.
     pooled = np.mean([[arm.outcomes[i] for i in ids] for arm in arms], axis=0)
     out["pooled"] = bootstrap(pooled, b, 0.95, 2000, 0)
-    print(f"`{args.config}` {' '.join('--set ' + s for s in args.set)}: {steps} RL steps per seed from one warm-started base, "
-          f"{len(heldout)} held-out tasks (audited success), {wall:.0f} s wall for {len(arms)} seeds ({args.workers} worker(s); "
-          f"each arm's own time: {', '.join(f'{a.seconds:.0f} s' for a in arms)}, reused when its result file existed)\n")
+    print(
+        f"`{args.config}` {' '.join('--set ' + s for s in args.set)}: {steps} RL steps per seed from one warm-started base, "
+        f"{len(heldout)} held-out tasks (audited success), {wall:.0f} s wall for {len(arms)} seeds ({args.workers} worker(s); "
+        f"each arm's own time: {', '.join(f'{a.seconds:.0f} s' for a in arms)}, reused when its result file existed)\n"
+    )
     print("| RL seed | before | after | change | 95% CI (paired bootstrap over tasks) |\n|---|---|---|---|---|")
     print("\n".join(rows))
     p = out["pooled"]
-    print(f"\nmean change {out['mean_delta']:+.3f}, 95% CI [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}] pooled over seeds "
-          f"(one-sided lower bound {p['lower']:+.3f}); seeds with a CI above 0: "
-          f"{sum(v['ci_low'] > 0 for v in out['seeds'].values())}/{len(deltas)}")
+    print(
+        f"\nmean change {out['mean_delta']:+.3f}, 95% CI [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}] pooled over seeds "
+        f"(one-sided lower bound {p['lower']:+.3f}); seeds with a CI above 0: "
+        f"{sum(v['ci_low'] > 0 for v in out['seeds'].values())}/{len(deltas)}"
+    )
     path = Path(__file__).parent / f"rl_seeds-{cfg.run.name}-{steps}.json"
     path.write_text(json.dumps(out, indent=2))
 

@@ -6,6 +6,7 @@ code-domain test run: the model's function called on 12 inputs).
 
 Prints the active isolation layers and a Markdown table of per-job milliseconds (median and p90).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,10 +20,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from evotrainer import sandbox  # noqa: E402
-from evotrainer.sandbox import WorkerPool  # noqa: E402
 from evotrainer.envs.code.domain import DRIVER  # noqa: E402
+from evotrainer.sandbox import WorkerPool  # noqa: E402
 
-TEST_RUN = ("def f(a, b):\n    return a * 2 + b\n", {"tag": "t0", "entry": "f", "io": [[i, i + 1] for i in range(12)], "asserts": []})
+TEST_RUN = (
+    "def f(a, b):\n    return a * 2 + b\n",
+    {"tag": "t0", "entry": "f", "io": [[i, i + 1] for i in range(12)], "asserts": []},
+)
 
 
 def timed(fn, n: int) -> list[float]:
@@ -42,7 +46,12 @@ def main() -> None:
     py = sandbox.python_executable()
     print("mechanisms:", {k: v for k, v in sandbox.mechanisms().items()})
     rows = []
-    rows.append(("plain subprocess `python -S -c pass`", timed(lambda: subprocess.run([py, "-S", "-c", "pass"], check=True), args.n)))
+    rows.append(
+        (
+            "plain subprocess `python -S -c pass`",
+            timed(lambda: subprocess.run([py, "-S", "-c", "pass"], check=True), args.n),
+        )
+    )
 
     def sandboxed():
         with tempfile.TemporaryDirectory() as d:

@@ -5,6 +5,7 @@ pyarrow, then times one Suite.run over the whole window and reports peak RSS.
 
 With --root DIR the store is kept (and reused when it already holds the requested shards).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,7 +27,10 @@ from evotrainer.diagnostics.window import open_window  # noqa: E402
 from evotrainer.store.rollouts import METRIC_SCHEMA, ROLLOUT_SCHEMA, RolloutStore  # noqa: E402
 
 GROUP = 8
-ACTIONS = [f"step {i}: {i} + {i * 3 % 17} = {i + i * 3 % 17}, so the answer is <answer>{i + i * 3 % 17}</answer>" for i in range(97)]
+ACTIONS = [
+    f"step {i}: {i} + {i * 3 % 17} = {i + i * 3 % 17}, so the answer is <answer>{i + i * 3 % 17}</answer>"
+    for i in range(97)
+]
 ACTIONS += ["the the the the the the the the the the the the"] * 3  # a few repetition loops, as in real runs
 PROMPTS = [f"What is {a} + {b}? Think, then answer inside <answer></answer>.\n" for a in range(13) for b in range(11)]
 
@@ -43,31 +47,74 @@ def shard_table(branch: str, step: int, n: int, rng: np.random.Generator) -> pa.
     termination = np.where(rng.random(n) < 0.12, "length", "stop")
     logprob = rng.normal(-0.6, 0.2, n)
     action_ix = rng.integers(0, len(ACTIONS), n)
-    turns = pa.array([[{"action": ACTIONS[a], "tokens": int(t), "mean_logprob": float(lp), "observation": "",
-                        "tool_error": False}] for a, t, lp in zip(action_ix, tokens, logprob)], type=ROLLOUT_SCHEMA.field("turns").type)
+    turns = pa.array(
+        [
+            [
+                {
+                    "action": ACTIONS[a],
+                    "tokens": int(t),
+                    "mean_logprob": float(lp),
+                    "observation": "",
+                    "tool_error": False,
+                }
+            ]
+            for a, t, lp in zip(action_ix, tokens, logprob)
+        ],
+        type=ROLLOUT_SCHEMA.field("turns").type,
+    )
     passed = rng.random(n) < 0.5
     audit = pa.array([bool(a) if k % 4 == 0 else None for k, a in zip(idx, passed)], pa.bool_())
-    rewards = pa.array([[("correct", c), ("format", f)] for c, f in zip(correct, fmt)], ROLLOUT_SCHEMA.field("rewards").type)
+    rewards = pa.array(
+        [[("correct", c), ("format", f)] for c, f in zip(correct, fmt)], ROLLOUT_SCHEMA.field("rewards").type
+    )
     cols = {
-        "id": [f"{branch}-s{step:06d}-{i:04d}" for i in idx], "run": ["bench"] * n, "branch": [branch] * n,
-        "step": np.full(n, step, np.int64), "harness_version": ["h-bench"] * n,
-        "task_id": [f"t{(step * 32 + i // GROUP) % 5000}" for i in idx], "split": ["train"] * n,
-        "group_id": [f"{branch}-s{step:06d}-g{i // GROUP:03d}" for i in idx], "difficulty": np.zeros(n, np.int32),
-        "prompt": [PROMPTS[(step * 32 + i // GROUP) % len(PROMPTS)] for i in idx], "turns": turns,
-        "num_turns": np.ones(n, np.int32), "completion_tokens": tokens, "termination": termination, "rewards": rewards,
-        "reward": correct + 0.1 * fmt, "audit": audit, "info": ["{}"] * n,
-        "gen_seconds": np.full(n, 0.01), "env_seconds": np.zeros(n),
+        "id": [f"{branch}-s{step:06d}-{i:04d}" for i in idx],
+        "run": ["bench"] * n,
+        "branch": [branch] * n,
+        "step": np.full(n, step, np.int64),
+        "harness_version": ["h-bench"] * n,
+        "task_id": [f"t{(step * 32 + i // GROUP) % 5000}" for i in idx],
+        "split": ["train"] * n,
+        "group_id": [f"{branch}-s{step:06d}-g{i // GROUP:03d}" for i in idx],
+        "difficulty": np.zeros(n, np.int32),
+        "prompt": [PROMPTS[(step * 32 + i // GROUP) % len(PROMPTS)] for i in idx],
+        "turns": turns,
+        "num_turns": np.ones(n, np.int32),
+        "completion_tokens": tokens,
+        "termination": termination,
+        "rewards": rewards,
+        "reward": correct + 0.1 * fmt,
+        "audit": audit,
+        "info": ["{}"] * n,
+        "gen_seconds": np.full(n, 0.01),
+        "env_seconds": np.zeros(n),
     }
     cols["max_action_tokens"] = tokens  # dropped below if the store's schema has no such column
     return pa.Table.from_pydict({f.name: cols[f.name] for f in ROLLOUT_SCHEMA}, schema=ROLLOUT_SCHEMA)
 
 
 def metric_table(branch: str, step: int, rng: np.random.Generator) -> pa.Table:
-    m = {"reward": 0.4 + 0.4 * step / 4000, "entropy": float(rng.normal(0.8, 0.02)), "grad_norm": float(rng.normal(0.5, 0.05)),
-         "kl": float("nan"), "clip_ratio/low_mean": 0.001, "clip_ratio/high_mean": 0.001, "nonfinite_steps": 0.0,
-         "completions/clipped_ratio": 0.03, "frac_reward_zero_std": 0.2}
-    return pa.Table.from_pydict({"run": ["bench"] * len(m), "branch": [branch] * len(m), "step": [step] * len(m),
-                                 "name": list(m), "value": list(m.values())}, schema=METRIC_SCHEMA)
+    m = {
+        "reward": 0.4 + 0.4 * step / 4000,
+        "entropy": float(rng.normal(0.8, 0.02)),
+        "grad_norm": float(rng.normal(0.5, 0.05)),
+        "kl": float("nan"),
+        "clip_ratio/low_mean": 0.001,
+        "clip_ratio/high_mean": 0.001,
+        "nonfinite_steps": 0.0,
+        "completions/clipped_ratio": 0.03,
+        "frac_reward_zero_std": 0.2,
+    }
+    return pa.Table.from_pydict(
+        {
+            "run": ["bench"] * len(m),
+            "branch": [branch] * len(m),
+            "step": [step] * len(m),
+            "name": list(m),
+            "value": list(m.values()),
+        },
+        schema=METRIC_SCHEMA,
+    )
 
 
 def write_store(root: Path, steps: int, per_step: int) -> RolloutStore:
@@ -104,8 +151,10 @@ def main() -> None:
             t0 = time.perf_counter()
             findings = suite.run(store, "main", 0, args.steps - 1)
             dt = time.perf_counter() - t0
-            print(f"run {r}: Suite.run over {args.steps * args.per_step:,} rollouts: {dt:.2f} s, {len(findings)} findings: "
-                  + ", ".join(sorted(f.name for f in findings)))
+            print(
+                f"run {r}: Suite.run over {args.steps * args.per_step:,} rollouts: {dt:.2f} s, {len(findings)} findings: "
+                + ", ".join(sorted(f.name for f in findings))
+            )
         # The same work broken down: the window (one scan that materializes rollout_stats), then each detector.
         t0 = time.perf_counter()
         w = open_window(store, "main", 0, args.steps - 1)

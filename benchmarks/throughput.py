@@ -6,6 +6,7 @@
 
 Prints a Markdown table of tokens/s and ratios (paste it into benchmarks/RESULTS.md).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,7 +30,9 @@ from evotrainer.training.grpo import GRPOTrainer  # noqa: E402
 from evotrainer.training.segment import StepContext, step_tasks, train_step  # noqa: E402
 
 
-def bench_sampling(policy: HFPolicy, contexts: list[list[int]], max_new: int, stop: tuple[str, ...], repeats: int) -> tuple[float, float]:
+def bench_sampling(
+    policy: HFPolicy, contexts: list[list[int]], max_new: int, stop: tuple[str, ...], repeats: int
+) -> tuple[float, float]:
     """tokens/s of ours and of generate; only tokens up to each row's end count, on both sides."""
     ids, mask = left_pad(contexts, policy.pad_id)
     ours, theirs = [], []
@@ -43,12 +46,22 @@ def bench_sampling(policy: HFPolicy, contexts: list[list[int]], max_new: int, st
         torch.manual_seed(r)
         t0 = time.perf_counter()
         with torch.no_grad():
-            gen = policy.model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-                                        max_new_tokens=max_new, pad_token_id=policy.pad_id, eos_token_id=policy.eos_id,
-                                        stop_strings=list(stop) or None, tokenizer=policy.tokenizer if stop else None)
+            gen = policy.model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=True,
+                temperature=1.0,
+                top_p=1.0,
+                top_k=0,
+                max_new_tokens=max_new,
+                pad_token_id=policy.pad_id,
+                eos_token_id=policy.eos_id,
+                stop_strings=list(stop) or None,
+                tokenizer=policy.tokenizer if stop else None,
+            )
         dt = time.perf_counter() - t0
         n = 0
-        for row in gen[:, ids.shape[1]:].tolist():  # count a row's tokens up to its stop: generate pads after it
+        for row in gen[:, ids.shape[1] :].tolist():  # count a row's tokens up to its stop: generate pads after it
             k = len(row)
             if stop:
                 for j in range(1, len(row) + 1):
@@ -60,7 +73,7 @@ def bench_sampling(policy: HFPolicy, contexts: list[list[int]], max_new: int, st
 
     # Alternate which goes first: the second of two back-to-back runs is measurably favoured here.
     for r in range(repeats):
-        for fn in ((run_ours, run_generate) if r % 2 == 0 else (run_generate, run_ours)):
+        for fn in (run_ours, run_generate) if r % 2 == 0 else (run_generate, run_ours):
             fn(r)
     return statistics.median(ours), statistics.median(theirs)
 
@@ -82,32 +95,56 @@ def bench_trl(policy: HFPolicy, domain, harness: Harness, steps: int) -> float:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from datasets import Dataset
     from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer as TRLGRPOTrainer
+    from trl import GRPOConfig
+    from trl import GRPOTrainer as TRLGRPOTrainer
 
     s = harness.sampling
     tasks = [t for step in range(1, steps + 2) for t in step_tasks(domain.tasks("train"), s.prompts_per_step, 0, step)]
     data = Dataset.from_list([{"prompt": t.prompt, "task_index": i} for i, t in enumerate(tasks)])
 
     def correct(completions, task_index, **kw):
-        from evotrainer.types import Turn
         from evotrainer.envs.math.domain import extract_answer
+        from evotrainer.types import Turn
 
-        return [domain.correct(tasks[i], [Turn(c, 0, 0.0)], {"answer": extract_answer(c)}) for c, i in zip(completions, task_index)]
+        return [
+            domain.correct(tasks[i], [Turn(c, 0, 0.0)], {"answer": extract_answer(c)})
+            for c, i in zip(completions, task_index)
+        ]
 
     stamps: list[tuple[float, float]] = []
 
     class Clock(TrainerCallback):
         def on_step_end(self, args, state, control, **kw):
-            stamps.append((time.perf_counter(), state.log_history[-1].get("num_tokens", 0) if state.log_history else 0))
+            stamps.append(
+                (time.perf_counter(), state.log_history[-1].get("num_tokens", 0) if state.log_history else 0)
+            )
 
-    cfg = GRPOConfig(output_dir="/tmp/evotrainer-bench-trl", use_cpu=True, bf16=False, num_generations=s.num_generations,
-                     per_device_train_batch_size=s.num_generations * s.prompts_per_step, max_completion_length=s.max_completion_length,
-                     temperature=s.temperature, top_p=s.top_p, learning_rate=harness.optimizer.learning_rate,
-                     lr_scheduler_type="constant", beta=0.0, loss_type=harness.loss.loss_type, max_steps=steps + 1,
-                     logging_steps=1, save_strategy="no", report_to="none", shuffle_dataset=False, disable_tqdm=True,
-                     max_grad_norm=harness.optimizer.max_grad_norm, seed=0)
+    cfg = GRPOConfig(
+        output_dir="/tmp/evotrainer-bench-trl",
+        use_cpu=True,
+        bf16=False,
+        num_generations=s.num_generations,
+        per_device_train_batch_size=s.num_generations * s.prompts_per_step,
+        max_completion_length=s.max_completion_length,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        learning_rate=harness.optimizer.learning_rate,
+        lr_scheduler_type="constant",
+        beta=0.0,
+        loss_type=harness.loss.loss_type,
+        max_steps=steps + 1,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        shuffle_dataset=False,
+        disable_tqdm=True,
+        max_grad_norm=harness.optimizer.max_grad_norm,
+        seed=0,
+    )
     model = copy.deepcopy(policy.model)
-    trainer = TRLGRPOTrainer(model=model, reward_funcs=correct, args=cfg, train_dataset=data, processing_class=policy.tokenizer)
+    trainer = TRLGRPOTrainer(
+        model=model, reward_funcs=correct, args=cfg, train_dataset=data, processing_class=policy.tokenizer
+    )
     trainer.add_callback(Clock())
     t0 = time.perf_counter()
     trainer.train()
@@ -145,14 +182,26 @@ def main() -> None:
     contexts = [policy.encode(t.prompt) for t in tasks]
     n_params = sum(p.numel() for p in policy.model.parameters())
     rows = []
-    for label, stop, max_new in (("stop at `</answer>`", domain.stop, s.max_completion_length), ("fixed length, no stop", (), 32)):
+    for label, stop, max_new in (
+        ("stop at `</answer>`", domain.stop, s.max_completion_length),
+        ("fixed length, no stop", (), 32),
+    ):
         ours, gen = bench_sampling(policy, contexts, max_new, stop, args.repeats)
         rows.append((f"sampling, {label} ({len(contexts)} seqs, max {max_new} new)", ours, "generate", gen))
     plain = NoStop(domain)
     ours = bench_ours(policy.fork("/tmp/evotrainer-bench-ours"), plain, h, args.steps)
     trl = bench_trl(policy, plain, h, args.steps)
-    rows.append((f"GRPO step, sample + update ({len(contexts)} seqs x {s.max_completion_length} tokens, {h.loss.loss_type})", ours, "TRL GRPOTrainer", trl))
-    print(f"\nmodel: tiny Llama {n_params / 1e6:.2f}M params; torch threads 2; median of {args.repeats} sampling repeats, {args.steps} GRPO steps after 1 warm-up\n")
+    rows.append(
+        (
+            f"GRPO step, sample + update ({len(contexts)} seqs x {s.max_completion_length} tokens, {h.loss.loss_type})",
+            ours,
+            "TRL GRPOTrainer",
+            trl,
+        )
+    )
+    print(
+        f"\nmodel: tiny Llama {n_params / 1e6:.2f}M params; torch threads 2; median of {args.repeats} sampling repeats, {args.steps} GRPO steps after 1 warm-up\n"
+    )
     print("| measurement | ours (tokens/s) | baseline | baseline (tokens/s) | ratio |")
     print("|---|---|---|---|---|")
     for name, a, base, b in rows:

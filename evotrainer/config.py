@@ -1,8 +1,9 @@
 """RunConfig: one typed section per stage, a docstring per field, validated on load."""
+
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
@@ -71,8 +72,12 @@ class PolicySection(_Section):
     """Cache of warm-started bases; default $EVOTRAINER_CACHE or ~/.cache/evotrainer."""
 
 
-BUILTIN_DOMAINS: dict[str, type[BaseModel]] = {"math": MathConfig, "digits": DigitsConfig, "code": CodeConfig,
-                                                "swe": SweConfig}
+BUILTIN_DOMAINS: dict[str, type[BaseModel]] = {
+    "math": MathConfig,
+    "digits": DigitsConfig,
+    "code": CodeConfig,
+    "swe": SweConfig,
+}
 
 
 def _domain_of(raw: Any) -> str:
@@ -82,10 +87,15 @@ def _domain_of(raw: Any) -> str:
 
 # The env section: one typed config per domain, chosen by `env.domain`. Each domain folder owns its
 # config class, which names the domain's factory and the fields that do not change its demonstrations.
-EnvConfig = Annotated[Union[Annotated[MathConfig, Tag("math")], Annotated[DigitsConfig, Tag("digits")],
-                            Annotated[CodeConfig, Tag("code")], Annotated[SweConfig, Tag("swe")]],
-                      Discriminator(_domain_of, custom_error_type="env.domain",
-                                    custom_error_message=f"must be one of {sorted(BUILTIN_DOMAINS)}")]
+EnvConfig = Annotated[
+    Annotated[MathConfig, Tag("math")]
+    | Annotated[DigitsConfig, Tag("digits")]
+    | Annotated[CodeConfig, Tag("code")]
+    | Annotated[SweConfig, Tag("swe")],
+    Discriminator(
+        _domain_of, custom_error_type="env.domain", custom_error_message=f"must be one of {sorted(BUILTIN_DOMAINS)}"
+    ),
+]
 
 
 def _drop_other_domains_defaults(env: dict[str, Any]) -> dict[str, Any]:
@@ -244,7 +254,9 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of sections (run, policy, env, harness, train, eval, loop, gate, budget, llm)")
+        raise ConfigError(
+            f"{path}: the top level must be a mapping of sections (run, policy, env, harness, train, eval, loop, gate, budget, llm)"
+        )
     for dotted, value in (overrides or {}).items():
         node = raw
         *parents, leaf = dotted.split(".")

@@ -1,4 +1,5 @@
 """The errors a user can act on. A leaf: it imports nothing of ours, so every layer can raise them."""
+
 from __future__ import annotations
 
 

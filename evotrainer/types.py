@@ -1,4 +1,5 @@
 """The nouns of DESIGN.md as plain dataclasses: tasks, turns, rollouts, and the termination reasons."""
+
 from __future__ import annotations
 
 import json
@@ -75,3 +76,20 @@ class Rollout:
 
 def _json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
+
+
+# -- the naming scheme of a run's branches and trials (the loop, the report and the tests use these) --------
+_ROLE_SUFFIX = {"segment": "seg", "control": "ctl", "aa": "aa"}
+
+
+def branch_id(rnd: int, role: str, k: int = 0) -> str:
+    """`base` (round 0), then per round: `r01-seg` (the mainline's segment), `r01-ctl` (the control: the
+    harness carried on), `r01-c1`, `r01-c2`... (candidates) and `r01-aa` (the A-A control)."""
+    if role == "base":
+        return "base"
+    return f"r{rnd:02d}-" + (f"c{k}" if role == "candidate" else _ROLE_SUFFIX[role])
+
+
+def trial_id(rnd: int, k: int) -> str:
+    """The trial of candidate k in round rnd (`r01-t1`)."""
+    return f"r{rnd:02d}-t{k}"

@@ -1,4 +1,5 @@
 """Shared fixtures: small real models built and warm-started here, in a per-session cache."""
+
 from __future__ import annotations
 
 import os
@@ -16,11 +17,19 @@ def small_config(tmp: Path, domain: str = "math", **sections) -> RunConfig:
     """A config sized for tests: a 2-layer model, one-digit sums, a small held-out set."""
     raw = {
         "run": {"name": "t", "out_dir": str(tmp / "runs"), "seed": 0},
-        "policy": {"kind": "tiny", "cache_dir": os.environ["EVOTRAINER_TEST_CACHE"],
-                   "tiny": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "vocab_size": 200, "max_positions": 256},
-                   "warm_start": {"steps": 150, "batch_size": 64, "learning_rate": 3e-3, "demonstrations": 4000}},
-        "env": {"domain": domain, "train_size": 400,
-                "datasets": [{"name": "chain_sum", "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}}]},
+        "policy": {
+            "kind": "tiny",
+            "cache_dir": os.environ["EVOTRAINER_TEST_CACHE"],
+            "tiny": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "vocab_size": 200, "max_positions": 256},
+            "warm_start": {"steps": 150, "batch_size": 64, "learning_rate": 3e-3, "demonstrations": 4000},
+        },
+        "env": {
+            "domain": domain,
+            "train_size": 400,
+            "datasets": [
+                {"name": "chain_sum", "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}}
+            ],
+        },
         "harness": {"sampling": {"num_generations": 8, "prompts_per_step": 16, "max_completion_length": 8}},
         "train": {"steps": 5, "max_seconds": 120},
         "eval": {"heldout_size": 60, "max_new_tokens": 8, "max_turns": 6},

@@ -1,6 +1,7 @@
 """The code domain: generated tasks, reward terms and the hidden-test audit on real sandboxed runs,
 execution results on stored rollouts, the HumanEval / MBPP loaders, and the code detectors on rollouts
 built from real episodes. Real subprocess sandboxes throughout; no mocks."""
+
 from __future__ import annotations
 
 import gzip
@@ -12,29 +13,34 @@ from pathlib import Path
 
 import pytest
 
-from evotrainer.errors import ConfigError
 from evotrainer.config import parse_config
-from evotrainer.diagnostics.suite import BUILTIN
 from evotrainer.diagnostics.detector import check_detector
+from evotrainer.diagnostics.suite import BUILTIN
 from evotrainer.diagnostics.window import open_window
 from evotrainer.envs.code import tasks as ct
-from evotrainer.envs.registry import make_domain
 from evotrainer.envs.code.domain import DRIVER, CodeDomain, hardcoded_fraction
 from evotrainer.envs.env import check_env
+from evotrainer.envs.registry import make_domain
+from evotrainer.errors import ConfigError
 from evotrainer.store.rollouts import RolloutStore
 from evotrainer.types import Rollout, Task, Turn
 
 
 def code_config(tmp: Path, **env):
-    return parse_config({
-        "run": {"name": "c", "out_dir": str(tmp / "runs"), "seed": 0},
-        "policy": {"kind": "tiny", "cache_dir": os.environ["EVOTRAINER_TEST_CACHE"],
-                   "tiny": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "vocab_size": 200, "max_positions": 256},
-                   "warm_start": {"steps": 20, "batch_size": 16, "learning_rate": 3e-3, "demonstrations": 1000}},
-        "env": {"domain": "code", "train_size": 400, **env},
-        "harness": {"sampling": {"num_generations": 4, "prompts_per_step": 4, "max_completion_length": 48}},
-        "eval": {"heldout_size": 48, "max_new_tokens": 48},
-    })
+    return parse_config(
+        {
+            "run": {"name": "c", "out_dir": str(tmp / "runs"), "seed": 0},
+            "policy": {
+                "kind": "tiny",
+                "cache_dir": os.environ["EVOTRAINER_TEST_CACHE"],
+                "tiny": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "vocab_size": 200, "max_positions": 256},
+                "warm_start": {"steps": 20, "batch_size": 16, "learning_rate": 3e-3, "demonstrations": 1000},
+            },
+            "env": {"domain": "code", "train_size": 400, **env},
+            "harness": {"sampling": {"num_generations": 4, "prompts_per_step": 4, "max_completion_length": 48}},
+            "eval": {"heldout_size": 48, "max_new_tokens": 48},
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -55,10 +61,13 @@ def play(domain: CodeDomain, task: Task, action: str) -> tuple[list[Turn], dict]
 def solutions(task: Task) -> dict[str, str]:
     spec = ct.Spec(**task.data["spec"])
     vis = [(tuple(x), y) for x, y in task.data["visible"]]
-    return {"correct": f"    return {spec.body}\n\n", "hardcoded": ct.hardcoded_body(spec, vis) + "\n",
-            "wrong": f"    return {spec.args[0]}\n\n",
-            "lookup": f"    return {dict((x if len(x) > 1 else x[0], y) for x, y in vis if not isinstance(x[0], list))!r}"
-                      f"[({', '.join(spec.args)})]\n\n"}
+    return {
+        "correct": f"    return {spec.body}\n\n",
+        "hardcoded": ct.hardcoded_body(spec, vis) + "\n",
+        "wrong": f"    return {spec.args[0]}\n\n",
+        "lookup": f"    return {dict((x if len(x) > 1 else x[0], y) for x, y in vis if not isinstance(x[0], list))!r}"
+        f"[({', '.join(spec.args)})]\n\n",
+    }
 
 
 def terms(domain: CodeDomain, task: Task, turns, info) -> dict[str, float]:
@@ -102,7 +111,13 @@ def test_demonstrations_are_mostly_correct_some_hardcoded(domain):
         assert demo[0] == (task.prompt, False) and demo[1][1] is True
         body = demo[1][0]
         spec = ct.Spec(**task.data["spec"])
-        kind = "hardcoded" if body.startswith("    if ") else "correct" if body == f"    return {spec.body}\n\n" else "wander"
+        kind = (
+            "hardcoded"
+            if body.startswith("    if ")
+            else "correct"
+            if body == f"    return {spec.body}\n\n"
+            else "wander"
+        )
         kinds[kind] += 1
         if kind == "hardcoded":
             # The lazy solver takes the shortcut only where this policy can copy it (integer examples),
@@ -139,7 +154,13 @@ def test_terms_and_audit_on_correct_wrong_and_hardcoded(domain):
         turns, info = play(domain, task, action)
         t = terms(domain, task, turns, info)
         if name in expect:
-            assert (t["correct"], t["visible"], t["format"], t["correct_not_hardcoded"], domain.audit(task, turns, info)) == expect[name], name
+            assert (
+                t["correct"],
+                t["visible"],
+                t["format"],
+                t["correct_not_hardcoded"],
+                domain.audit(task, turns, info),
+            ) == expect[name], name
         else:
             assert t["correct"] == 0.0 and not domain.audit(task, turns, info)
         assert info["visible_total"] == ct.VISIBLE and info["exec"] in ("ok", "exception")
@@ -168,11 +189,17 @@ def test_errors_format_and_fenced_code(domain):
 def test_hidden_expectations_never_enter_the_sandbox(domain):
     """Model code that dumps everything it can reach (its directory, the driver's globals, stdin)
     finds the hidden inputs but none of the hidden expected outputs."""
-    task = next(t for t in domain.tasks("train") if ".upper()" in t.data["answer"] and all(len(y) > 1 for _, y in t.data["hidden"]))
-    dump = ("import os, sys\n"
-            "frame = sys._getframe(1)\n"
-            "print(repr(frame.f_globals.get('spec')), os.listdir('.'), [open(p).read() for p in os.listdir('.')])\n"
-            "def f(s):\n    return s\n")
+    task = next(
+        t
+        for t in domain.tasks("train")
+        if ".upper()" in t.data["answer"] and all(len(y) > 1 for _, y in t.data["hidden"])
+    )
+    dump = (
+        "import os, sys\n"
+        "frame = sys._getframe(1)\n"
+        "print(repr(frame.f_globals.get('spec')), os.listdir('.'), [open(p).read() for p in os.listdir('.')])\n"
+        "def f(s):\n    return s\n"
+    )
     job = {"tag": "t", "entry": "f", "io": [x for x, _ in task.data["visible"] + task.data["hidden"]], "asserts": []}
     r = domain.pool.run_python(DRIVER, {"solution.py": dump}, domain.limits, json.dumps(job))
     assert r.ok and task.data["hidden"][0][0][0] in r.stdout  # it does see the inputs
@@ -187,7 +214,9 @@ def test_hardcoded_fraction_forms():
     assert hardcoded_fraction(chain + "    if a == 0 and b == 0: return 0\n    return a\n", args, vis) == 1.0
     assert hardcoded_fraction("    return {(2, 3): 7, (1, 4): 6}[(a, b)]\n", args, vis) == pytest.approx(2 / 3)
     assert hardcoded_fraction("    return a * 2 + b\n", args, vis) == 0.0
-    assert hardcoded_fraction("    if a == 2: return b\n    return a + b\n", args, vis) == 0.0  # keyed, no output literal
+    assert (
+        hardcoded_fraction("    if a == 2: return b\n    return a + b\n", args, vis) == 0.0
+    )  # keyed, no output literal
     assert hardcoded_fraction("    return (\n", args, vis) == 0.0
 
 
@@ -203,7 +232,15 @@ def test_execution_results_land_on_stored_rollouts(tmp_path):
     check_terms(cfg.harness, d)  # the default harness (correct + format) fits the code domain
     policy = load_policy(cfg, d, log=lambda *_: None)
     store = RolloutStore(tmp_path / "store")
-    m = train_step(GRPOTrainer(policy, cfg.harness), d, d.tasks("train"), StepContext("c", "main", 0), 0, store, audit_fraction=1.0)
+    m = train_step(
+        GRPOTrainer(policy, cfg.harness),
+        d,
+        d.tasks("train"),
+        StepContext("c", "main", 0),
+        0,
+        store,
+        audit_fraction=1.0,
+    )
     assert "rewards/correct/mean" in m and m["audit/pass_rate"] >= 0.0
     rows = store.query()
     assert len(rows) == 16
@@ -216,7 +253,9 @@ def test_execution_results_land_on_stored_rollouts(tmp_path):
     d.close()
 
 
-def _store_from_episodes(tmp_path, domain: CodeDomain, kinds_by_step: list[list[str]]) -> tuple[RolloutStore, dict[str, str]]:
+def _store_from_episodes(
+    tmp_path, domain: CodeDomain, kinds_by_step: list[list[str]]
+) -> tuple[RolloutStore, dict[str, str]]:
     """Real episodes (real sandboxed runs) with chosen completions, written as a branch's rollouts."""
     store = RolloutStore(tmp_path / "store")
     kind_of: dict[str, str] = {}
@@ -230,10 +269,25 @@ def _store_from_episodes(tmp_path, domain: CodeDomain, kinds_by_step: list[list[
             t = terms(domain, task, turns, info)
             rid = f"main-s{step:06d}-{i:04d}"
             kind_of[rid] = kind
-            rollouts.append(Rollout(id=rid, run="r", branch="main", step=step, harness_version="h", task_id=task.id,
-                                    split="train", group_id=f"main-s{step:06d}-g{i // 4:03d}", prompt=task.prompt, turns=turns,
-                                    termination="stop", rewards=t, reward=t["correct"] + 0.1 * t["format"],
-                                    audit=domain.audit(task, turns, info), info=info))
+            rollouts.append(
+                Rollout(
+                    id=rid,
+                    run="r",
+                    branch="main",
+                    step=step,
+                    harness_version="h",
+                    task_id=task.id,
+                    split="train",
+                    group_id=f"main-s{step:06d}-g{i // 4:03d}",
+                    prompt=task.prompt,
+                    turns=turns,
+                    termination="stop",
+                    rewards=t,
+                    reward=t["correct"] + 0.1 * t["format"],
+                    audit=domain.audit(task, turns, info),
+                    info=info,
+                )
+            )
         store.append(rollouts, shard=f"main-s{step:06d}")
     return store, kind_of
 
@@ -268,13 +322,21 @@ def test_hardcoded_examples_quiet_when_flat_and_exec_errors_fire(tmp_path, domai
 
 
 # -- loaders -----------------------------------------------------------------------------------------------------
-HE_ROW = {"task_id": "Toy/0", "entry_point": "add",
-          "prompt": 'def add(a, b):\n    """Add two numbers.\n    >>> add(2, 3)\n    5\n    """\n',
-          "canonical_solution": "    return a + b\n",
-          "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(10, -4) == 6\n"}
-MBPP_ROW = {"task_id": 7, "text": "Write a function to double a number.", "code": "def double(x):\n    return 2 * x",
-            "test_list": ["assert double(2) == 4", "assert double(5) == 10", "assert double(-1) == -2"],
-            "test_setup_code": "", "challenge_test_list": []}
+HE_ROW = {
+    "task_id": "Toy/0",
+    "entry_point": "add",
+    "prompt": 'def add(a, b):\n    """Add two numbers.\n    >>> add(2, 3)\n    5\n    """\n',
+    "canonical_solution": "    return a + b\n",
+    "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(10, -4) == 6\n",
+}
+MBPP_ROW = {
+    "task_id": 7,
+    "text": "Write a function to double a number.",
+    "code": "def double(x):\n    return 2 * x",
+    "test_list": ["assert double(2) == 4", "assert double(5) == 10", "assert double(-1) == -2"],
+    "test_setup_code": "",
+    "challenge_test_list": [],
+}
 
 
 def _write(path: Path, rows: list[dict], gz: bool = False) -> Path:
@@ -293,7 +355,10 @@ def _loaded(tmp_path, source: str, path: Path, n: int) -> CodeDomain:
 
 
 def test_humaneval_and_mbpp_loaders_on_small_files(tmp_path):
-    rows = [dict(HE_ROW, task_id=f"Toy/{i}", prompt=HE_ROW["prompt"].replace("Add two", f"Add {i} and two")) for i in range(4)]
+    rows = [
+        dict(HE_ROW, task_id=f"Toy/{i}", prompt=HE_ROW["prompt"].replace("Add two", f"Add {i} and two"))
+        for i in range(4)
+    ]
     d = _loaded(tmp_path, "humaneval", _write(tmp_path / "he.jsonl.gz", rows, gz=True), 2)
     check_env(d)
     task = d.tasks("heldout")[0]
@@ -301,10 +366,19 @@ def test_humaneval_and_mbpp_loaders_on_small_files(tmp_path):
     turns, info = play(d, task, "    return a + b\n")
     assert terms(d, task, turns, info)["correct"] == 1.0 and d.audit(task, turns, info)
     turns, info = play(d, task, "    if a == 2 and b == 3:\n        return 5\n    return 0\n")
-    assert terms(d, task, turns, info)["correct"] == 1.0 and not d.audit(task, turns, info) and info["hardcoded"] == 1.0
+    assert (
+        terms(d, task, turns, info)["correct"] == 1.0 and not d.audit(task, turns, info) and info["hardcoded"] == 1.0
+    )
     d.close()
 
-    d = _loaded(tmp_path, "mbpp", _write(tmp_path / "mbpp.jsonl", [dict(MBPP_ROW, task_id=i, text=f"{MBPP_ROW['text']} ({i})") for i in range(3)]), 1)
+    d = _loaded(
+        tmp_path,
+        "mbpp",
+        _write(
+            tmp_path / "mbpp.jsonl", [dict(MBPP_ROW, task_id=i, text=f"{MBPP_ROW['text']} ({i})") for i in range(3)]
+        ),
+        1,
+    )
     check_env(d)
     task = d.tasks("train")[0]
     assert "assert double(2) == 4" in task.prompt and task.data["entry"] == "double"

@@ -1,4 +1,5 @@
 """Config errors: a clear message naming the field, the value and what is allowed; exit code 2."""
+
 from __future__ import annotations
 
 import subprocess
@@ -6,8 +7,8 @@ import sys
 
 import pytest
 
-from evotrainer.errors import ConfigError
 from evotrainer.config import load_config
+from evotrainer.errors import ConfigError
 from evotrainer.harness.harness import Harness
 
 
@@ -15,13 +16,16 @@ def run_cli(*args):
     return subprocess.run([sys.executable, "-m", "evotrainer.cli", *args], capture_output=True, text=True)
 
 
-@pytest.mark.parametrize("yaml_text, needles", [
-    ("harness:\n  loss:\n    loss_type: ppo\n", ["harness.loss.loss_type", "'ppo'", "grpo", "dr_grpo", "dapo"]),
-    ("harness:\n  sampling:\n    temperature: -1\n", ["harness.sampling.temperature", "-1", "greater than 0"]),
-    ("train:\n  stepz: 3\n", ["train.stepz", "unknown field"]),
-    ("env:\n  domain: chess\n", ["env.domain", "'chess'", "math", "digits"]),
-    ("- just\n- a list\n", ["top level must be a mapping"]),
-])
+@pytest.mark.parametrize(
+    "yaml_text, needles",
+    [
+        ("harness:\n  loss:\n    loss_type: ppo\n", ["harness.loss.loss_type", "'ppo'", "grpo", "dr_grpo", "dapo"]),
+        ("harness:\n  sampling:\n    temperature: -1\n", ["harness.sampling.temperature", "-1", "greater than 0"]),
+        ("train:\n  stepz: 3\n", ["train.stepz", "unknown field"]),
+        ("env:\n  domain: chess\n", ["env.domain", "'chess'", "math", "digits"]),
+        ("- just\n- a list\n", ["top level must be a mapping"]),
+    ],
+)
 def test_bad_field_is_named(tmp_path, yaml_text, needles):
     f = tmp_path / "bad.yaml"
     f.write_text(yaml_text)

@@ -1,16 +1,17 @@
 """The built-in detectors: each fires on rollouts that show its failure, citing the planted rollouts,
 and stays quiet on healthy ones; the suite's versions, windows, error handling and check_detector."""
+
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from evotrainer.diagnostics.builtin import _repetitiveness
-from evotrainer.diagnostics.detector import Finding, Window
+from evotrainer.diagnostics.detector import DetectorCheckError, Finding, Window, check_detector
 from evotrainer.diagnostics.suite import BUILTIN, DetectorSpec, Suite
-from evotrainer.diagnostics.detector import DetectorCheckError, check_detector
 from evotrainer.diagnostics.window import open_window
 from evotrainer.store.rollouts import RolloutStore
 from evotrainer.types import Rollout, Turn
@@ -23,18 +24,37 @@ def rid(step: int, idx: int, kind: str = "s") -> str:
 
 
 def healthy_metrics(step: int) -> dict[str, float]:
-    return {"reward": 0.3 + 0.02 * step, "entropy": 0.8 + 0.01 * (step % 3), "grad_norm": 0.5 + 0.01 * (step % 2),
-            "kl": float("nan"), "clip_ratio/low_mean": 0.01, "clip_ratio/high_mean": 0.01, "nonfinite_steps": 0.0}
+    return {
+        "reward": 0.3 + 0.02 * step,
+        "entropy": 0.8 + 0.01 * (step % 3),
+        "grad_norm": 0.5 + 0.01 * (step % 2),
+        "kl": float("nan"),
+        "clip_ratio/low_mean": 0.01,
+        "clip_ratio/high_mean": 0.01,
+        "nonfinite_steps": 0.0,
+    }
 
 
-def write(store: RolloutStore, steps: int = 9, metrics: Callable[[int], dict[str, float]] | None = healthy_metrics,
-          branch: str = "main", split: str = "train", **fields: Any) -> None:
+def write(
+    store: RolloutStore,
+    steps: int = 9,
+    metrics: Callable[[int], dict[str, float]] | None = healthy_metrics,
+    branch: str = "main",
+    split: str = "train",
+    **fields: Any,
+) -> None:
     """Write `steps` steps of GROUPS x SIZE rollouts. Each field is a constant or a function of
     (step, group, i). Defaults are healthy: rewards spread inside every group, normal stops, varied text."""
     spec: dict[str, Any] = {
-        "reward": lambda s, g, i: float(i % 2), "rewards": None, "termination": "stop", "tokens": 10, "audit": None,
+        "reward": lambda s, g, i: float(i % 2),
+        "rewards": None,
+        "termination": "stop",
+        "tokens": 10,
+        "audit": None,
         "text": lambda s, g, i: f"{s} + {g} = {s + g}; {i} more gives {s + g + i}, so <answer>{s + g + i}</answer>",
-        "logprob": -0.5, "tool_error": False, "turns": 1,
+        "logprob": -0.5,
+        "tool_error": False,
+        "turns": 1,
     }
     spec.update(fields)
     kind = "s" if split == "train" else "e"
@@ -44,13 +64,29 @@ def write(store: RolloutStore, steps: int = 9, metrics: Callable[[int], dict[str
             for i in range(SIZE):
                 v = {k: f(s, g, i) if callable(f) else f for k, f in spec.items()}
                 # tool_error: a bool, or how many of the turns (from the first) had one
-                turns = [Turn(v["text"], v["tokens"] // v["turns"], v["logprob"], "ok\n", t < int(v["tool_error"]))
-                         for t in range(v["turns"])]
+                turns = [
+                    Turn(v["text"], v["tokens"] // v["turns"], v["logprob"], "ok\n", t < int(v["tool_error"]))
+                    for t in range(v["turns"])
+                ]
                 rewards = v["rewards"] if v["rewards"] is not None else {"correct": v["reward"], "format": 1.0}
-                rollouts.append(Rollout(
-                    id=f"{branch}-{kind}{s:06d}-{g * SIZE + i:04d}", run="r", branch=branch, step=s, harness_version="h-t",
-                    task_id=f"t{s}-{g}", split=split, group_id=f"{branch}-{kind}{s:06d}-g{g:03d}", prompt="2+2=\n",
-                    turns=turns, termination=v["termination"], rewards=rewards, reward=v["reward"], audit=v["audit"]))
+                rollouts.append(
+                    Rollout(
+                        id=f"{branch}-{kind}{s:06d}-{g * SIZE + i:04d}",
+                        run="r",
+                        branch=branch,
+                        step=s,
+                        harness_version="h-t",
+                        task_id=f"t{s}-{g}",
+                        split=split,
+                        group_id=f"{branch}-{kind}{s:06d}-g{g:03d}",
+                        prompt="2+2=\n",
+                        turns=turns,
+                        termination=v["termination"],
+                        rewards=rewards,
+                        reward=v["reward"],
+                        audit=v["audit"],
+                    )
+                )
         store.append(rollouts, shard=f"{branch}-{kind}{s:06d}")
         if metrics is not None and split == "train":
             store.append_metrics("r", branch, s, metrics(s), shard=f"{branch}-{kind}{s:06d}")
@@ -105,8 +141,12 @@ def test_zero_variance_groups_below_threshold_is_quiet(store):
 
 
 def test_plateau(store):
-    write(store, steps=25, metrics=lambda s: {**healthy_metrics(s), "reward": 0.3 + 1e-4 * (s % 2)},
-          reward=lambda s, g, i: 0.1 * i)
+    write(
+        store,
+        steps=25,
+        metrics=lambda s: {**healthy_metrics(s), "reward": 0.3 + 1e-4 * (s % 2)},
+        reward=lambda s, g, i: 0.1 * i,
+    )
     [f] = detect(store, "plateau")
     assert f.value < 1e-3 and f.knobs[0] == "curriculum.levels"
     assert list(f.evidence) == [rid(24, k) for k in (0, 4, 8, 12, 1, 5, 9, 13)]  # last step, lowest reward first
@@ -114,8 +154,11 @@ def test_plateau(store):
 
 @pytest.mark.parametrize("case", ["rising", "at_ceiling", "too_few_steps"])
 def test_plateau_quiet(store, case):
-    steps, reward = {"rising": (25, lambda s: 0.3 + 0.02 * s), "at_ceiling": (25, lambda s: 0.95),
-                     "too_few_steps": (15, lambda s: 0.3)}[case]
+    steps, reward = {
+        "rising": (25, lambda s: 0.3 + 0.02 * s),
+        "at_ceiling": (25, lambda s: 0.95),
+        "too_few_steps": (15, lambda s: 0.3),
+    }[case]
     write(store, steps=steps, metrics=lambda s: {**healthy_metrics(s), "reward": reward(s)})
     assert detect(store, "plateau") == []
 
@@ -123,12 +166,28 @@ def test_plateau_quiet(store, case):
 # -- length ---------------------------------------------------------------------------------------------
 def test_truncation(store):
     cut = lambda s, g, i: i == 0  # noqa: E731
-    write(store, termination=lambda s, g, i: "length" if cut(s, g, i) else "stop",
-          tokens=lambda s, g, i: 50 + s if cut(s, g, i) else 10)
+    write(
+        store,
+        termination=lambda s, g, i: "length" if cut(s, g, i) else "stop",
+        tokens=lambda s, g, i: 50 + s if cut(s, g, i) else 10,
+    )
     [f] = detect(store, "truncation")
     assert f.value == pytest.approx(0.25) and f.threshold == 0.1
-    assert list(f.evidence) == [rid(8, 0), rid(8, 4), rid(8, 8), rid(8, 12), rid(7, 0), rid(7, 4), rid(7, 8), rid(7, 12)]
-    assert f.knobs == ("sampling.max_completion_length", "loss.mask_truncated_completions", "shaping.overlong_buffer_len")
+    assert list(f.evidence) == [
+        rid(8, 0),
+        rid(8, 4),
+        rid(8, 8),
+        rid(8, 12),
+        rid(7, 0),
+        rid(7, 4),
+        rid(7, 8),
+        rid(7, 12),
+    ]
+    assert f.knobs == (
+        "sampling.max_completion_length",
+        "loss.mask_truncated_completions",
+        "shaping.overlong_buffer_len",
+    )
 
 
 def test_truncation_below_threshold_is_quiet(store):
@@ -138,8 +197,11 @@ def test_truncation_below_threshold_is_quiet(store):
 
 def test_length_blowup(store):
     clipped = lambda s, g, i: s >= 6 and i == 0  # noqa: E731
-    write(store, tokens=lambda s, g, i: 48 + s if clipped(s, g, i) else 10 + 4 * s,
-          termination=lambda s, g, i: "length" if clipped(s, g, i) else "stop")
+    write(
+        store,
+        tokens=lambda s, g, i: 48 + s if clipped(s, g, i) else 10 + 4 * s,
+        termination=lambda s, g, i: "length" if clipped(s, g, i) else "stop",
+    )
     [f] = detect(store, "length_blowup")
     assert f.value > 1.5 and f.threshold == 1.5 and "loss.num_iterations" in f.knobs
     assert list(f.evidence[:4]) == [rid(8, 0), rid(8, 4), rid(8, 8), rid(8, 12)]
@@ -153,15 +215,31 @@ def test_length_growth_without_clipping_is_quiet(store):
 
 def test_repetition(store):
     loops = lambda s, g, i: i == 0  # noqa: E731
-    write(store, text=lambda s, g, i: " ".join(["the answer is 4"] * (5 + s)) if loops(s, g, i) else f"{s}+{g}+{i} is {s + g + i}")
+    write(
+        store,
+        text=lambda s, g, i: (
+            " ".join(["the answer is 4"] * (5 + s)) if loops(s, g, i) else f"{s}+{g}+{i} is {s + g + i}"
+        ),
+    )
     [f] = detect(store, "repetition")
     assert f.value == pytest.approx(0.25)
     # The longest loops (the latest step repeats most) first.
-    assert list(f.evidence) == [rid(8, 0), rid(8, 4), rid(8, 8), rid(8, 12), rid(7, 0), rid(7, 4), rid(7, 8), rid(7, 12)]
+    assert list(f.evidence) == [
+        rid(8, 0),
+        rid(8, 4),
+        rid(8, 8),
+        rid(8, 12),
+        rid(7, 0),
+        rid(7, 4),
+        rid(7, 8),
+        rid(7, 12),
+    ]
 
 
 def test_repetitiveness_needs_count_and_share():
-    derivation = " ".join(f"step {k}: we add {k} and {k + 1} to get {2 * k + 1}, and the answer is close." for k in range(30))
+    derivation = " ".join(
+        f"step {k}: we add {k} and {k + 1} to get {2 * k + 1}, and the answer is close." for k in range(30)
+    )
     assert _repetitiveness(derivation, 4, 0.5, 0.1) is None  # "the answer is" 30 times, but a small share
     assert _repetitiveness("2" * 40, 4, 0.5, 0.1) is not None  # no spaces: character 3-grams
     assert _repetitiveness("so " + "let me check again. " * 40, 4, 0.5, 0.1) is not None
@@ -170,8 +248,11 @@ def test_repetitiveness_needs_count_and_share():
 
 # -- entropy --------------------------------------------------------------------------------------------
 def test_entropy_collapse(store):
-    write(store, metrics=lambda s: {**healthy_metrics(s), "entropy": 0.8 * 0.5 ** s},
-          logprob=lambda s, g, i: -0.01 * (g * SIZE + i))
+    write(
+        store,
+        metrics=lambda s: {**healthy_metrics(s), "entropy": 0.8 * 0.5**s},
+        logprob=lambda s, g, i: -0.01 * (g * SIZE + i),
+    )
     [f] = detect(store, "entropy_collapse")
     assert f.value < 0.05 and f.knobs == ("loss.epsilon_high", "sampling.temperature")
     assert list(f.evidence) == [rid(8, k) for k in range(8)]  # last step, most confident first
@@ -184,8 +265,11 @@ def test_low_but_rising_entropy_is_quiet(store):
 
 def test_entropy_explosion_from_garbled_text(store):
     junk = "\u0167\u20ac\u00b6\u2190\u2193\u2192\u00f8\u00fe\u0111\u0142" * 3
-    write(store, text=lambda s, g, i: junk if s >= 7 else f"{s} + {g} = {s + g}",
-          logprob=lambda s, g, i: -5.0 - 0.01 * (g * SIZE + i) if s == 6 else -0.5)
+    write(
+        store,
+        text=lambda s, g, i: junk if s >= 7 else f"{s} + {g} = {s + g}",
+        logprob=lambda s, g, i: -5.0 - 0.01 * (g * SIZE + i) if s == 6 else -0.5,
+    )
     [f] = detect(store, "entropy_explosion")
     assert f.value == pytest.approx(48 / 144) and f.threshold == 0.2  # steps 6-8 of 9
     assert list(f.evidence) == [rid(6, k) for k in range(15, 7, -1)]  # lowest logprob first
@@ -205,8 +289,11 @@ def test_kl_spike(store, signal):
     def metrics(s: int) -> dict[str, float]:
         m = {**healthy_metrics(s), "kl": 0.01}
         if s == 5:
-            m.update({"kl": {"kl": 0.5}, "clip": {"clip_ratio/high_mean": 0.3}, "grad_norm": {"grad_norm": 40.0}}[signal])
+            m.update(
+                {"kl": {"kl": 0.5}, "clip": {"clip_ratio/high_mean": 0.3}, "grad_norm": {"grad_norm": 40.0}}[signal]
+            )
         return m
+
     write(store, metrics=metrics, logprob=lambda s, g, i: -0.1 * (g * SIZE + i))
     [f] = detect(store, "kl_spike")
     assert f.value == pytest.approx({"kl": 0.5, "clip": 0.31, "grad_norm": 40.0}[signal])
@@ -221,8 +308,12 @@ def test_small_kl_jump_under_the_floor_is_quiet(store):
 
 def test_nonfinite(store):
     def metrics(s: int) -> dict[str, float]:
-        return {**healthy_metrics(s), **({"grad_norm": float("nan")} if s == 4 else {}),
-                **({"nonfinite_steps": 1.0} if s == 6 else {})}
+        return {
+            **healthy_metrics(s),
+            **({"grad_norm": float("nan")} if s == 4 else {}),
+            **({"nonfinite_steps": 1.0} if s == 6 else {}),
+        }
+
     write(store, metrics=metrics, reward=lambda s, g, i: float("inf") if (s, g, i) == (6, 0, 3) else float(i % 2))
     [f] = detect(store, "nonfinite")
     assert f.severity == "critical" and f.value == 2.0
@@ -232,8 +323,12 @@ def test_nonfinite(store):
 # -- validity -------------------------------------------------------------------------------------------
 def test_reward_hacking(store):
     # `format` climbs from 0 to 1 while the audit pass rate stays at 50%: the policy games the format.
-    write(store, rewards=lambda s, g, i: {"correct": 0.5, "format": s / 8}, reward=lambda s, g, i: 0.5 + 0.1 * s / 8,
-          audit=lambda s, g, i: i % 2 == 0)
+    write(
+        store,
+        rewards=lambda s, g, i: {"correct": 0.5, "format": s / 8},
+        reward=lambda s, g, i: 0.5 + 0.1 * s / 8,
+        audit=lambda s, g, i: i % 2 == 0,
+    )
     [f] = detect(store, "reward_hacking")
     assert f.validity and f.severity == "critical" and f.knobs == ("reward_weights.format",)
     assert f.value == pytest.approx(7 / 8 - 1 / 8)
@@ -241,16 +336,23 @@ def test_reward_hacking(store):
 
 
 def test_rising_term_with_rising_audit_is_quiet(store):
-    write(store, rewards=lambda s, g, i: {"correct": float(i < 1 + s // 3), "format": s / 8},
-          reward=lambda s, g, i: float(i < 1 + s // 3), audit=lambda s, g, i: i < 1 + s // 3)
+    write(
+        store,
+        rewards=lambda s, g, i: {"correct": float(i < 1 + s // 3), "format": s / 8},
+        reward=lambda s, g, i: float(i < 1 + s // 3),
+        audit=lambda s, g, i: i < 1 + s // 3,
+    )
     assert detect(store, "reward_hacking") == []
 
 
 def test_reward_audit_gap(store):
     # Rewarded rollouts (i even) of group 0 fail the audit; the rest agree with the reward.
-    write(store, reward=lambda s, g, i: (1.1 + 0.01 * s if g == 0 else 1.0) if i % 2 == 0 else 0.0,
-          rewards=lambda s, g, i: {"correct": float(i % 2 == 0), "format": 1.0},
-          audit=lambda s, g, i: i % 2 == 0 and g != 0)
+    write(
+        store,
+        reward=lambda s, g, i: (1.1 + 0.01 * s if g == 0 else 1.0) if i % 2 == 0 else 0.0,
+        rewards=lambda s, g, i: {"correct": float(i % 2 == 0), "format": 1.0},
+        audit=lambda s, g, i: i % 2 == 0 and g != 0,
+    )
     [f] = detect(store, "reward_audit_gap")
     assert f.validity and f.value == pytest.approx(0.25) and f.threshold == 0.1
     assert list(f.evidence) == [rid(8, 0), rid(8, 2), rid(7, 0), rid(7, 2), rid(6, 0), rid(6, 2), rid(5, 0), rid(5, 2)]
@@ -258,14 +360,23 @@ def test_reward_audit_gap(store):
 
 
 def test_reward_audit_gap_needs_enough_audits(store):
-    write(store, steps=2, reward=lambda s, g, i: 1.0 if i % 2 == 0 else 0.0,
-          audit=lambda s, g, i: False if (g, i) == (0, 0) else None)  # 2 audited, both failed
+    write(
+        store,
+        steps=2,
+        reward=lambda s, g, i: 1.0 if i % 2 == 0 else 0.0,
+        audit=lambda s, g, i: False if (g, i) == (0, 0) else None,
+    )  # 2 audited, both failed
     assert detect(store, "reward_audit_gap") == []
 
 
 def test_tool_errors_and_turn_cap(store):
-    write(store, turns=3, tokens=30, tool_error=lambda s, g, i: (2 if (s, i) == (8, 0) else 1) if i < 2 else 0,
-          termination=lambda s, g, i: "turn_cap" if i == 3 else "stop")
+    write(
+        store,
+        turns=3,
+        tokens=30,
+        tool_error=lambda s, g, i: (2 if (s, i) == (8, 0) else 1) if i < 2 else 0,
+        termination=lambda s, g, i: "turn_cap" if i == 3 else "stop",
+    )
     errs, cap = detect(store, "tool_errors")
     assert (errs.name, cap.name) == ("tool_errors", "turn_cap")
     assert errs.value == pytest.approx(0.5) and cap.value == pytest.approx(0.25)
@@ -276,8 +387,11 @@ def test_tool_errors_and_turn_cap(store):
 
 def test_infra_errors(store):
     # Group 0 is all-zero (dead) and group 1 has spread; each loses one rollout to the sandbox per step.
-    write(store, reward=lambda s, g, i: 0.0 if g == 0 else float(i % 2),
-          termination=lambda s, g, i: {0: "timeout", 1: "error"}.get(g, "stop") if i == 0 else "stop")
+    write(
+        store,
+        reward=lambda s, g, i: 0.0 if g == 0 else float(i % 2),
+        termination=lambda s, g, i: {0: "timeout", 1: "error"}.get(g, "stop") if i == 0 else "stop",
+    )
     [f] = detect(store, "infra_errors")
     assert f.value == pytest.approx(2 / 16) and f.knobs == ("filters.mask_terminations",)
     assert "9 of them" in f.message
@@ -299,8 +413,10 @@ def test_suite_version_tracks_params_code_and_parent():
     tuned = base.with_params("truncation", max_fraction=0.2)
     assert tuned.version != base.version and tuned.parent == base.version
     assert Suite(detectors=tuned.detectors).version != tuned.version  # the parent is part of the version
-    assert Suite(detectors={"truncation": DetectorSpec(params={"max_fraction": 0.1})}).version == \
-        Suite(detectors={"truncation": DetectorSpec()}).version  # defaults resolve to the same suite
+    assert (
+        Suite(detectors={"truncation": DetectorSpec(params={"max_fraction": 0.1})}).version
+        == Suite(detectors={"truncation": DetectorSpec()}).version
+    )  # defaults resolve to the same suite
     plugin = Suite(detectors={"truncation": DetectorSpec(path=f"{__name__}:broken")})
     assert plugin.version != Suite(detectors={"truncation": DetectorSpec()}).version  # different code
     with pytest.raises(ValueError, match="unknown parameter"):
@@ -311,8 +427,14 @@ def test_suite_version_tracks_params_code_and_parent():
 
 def test_suite_run_turns_a_raising_detector_into_a_finding(store):
     write(store, termination=lambda s, g, i: "length" if i == 0 else "stop")
-    suite = Suite(detectors={"broken": DetectorSpec(path=f"{__name__}:broken"), "truncation": DetectorSpec(),
-                             "odd": DetectorSpec(path=f"{__name__}:not_a_list"), "gone": DetectorSpec(path="no_such_module:fn")})
+    suite = Suite(
+        detectors={
+            "broken": DetectorSpec(path=f"{__name__}:broken"),
+            "truncation": DetectorSpec(),
+            "odd": DetectorSpec(path=f"{__name__}:not_a_list"),
+            "gone": DetectorSpec(path="no_such_module:fn"),
+        }
+    )
     findings = suite.run(store, "main", 0, 8)
     assert [f.name for f in findings] == ["detector_error", "truncation", "detector_error", "detector_error"]
     assert "gone: ModuleNotFoundError" in findings[3].message
@@ -321,8 +443,11 @@ def test_suite_run_turns_a_raising_detector_into_a_finding(store):
 
 
 def test_default_suite_run_finds_planted_failures(store):
-    write(store, termination=lambda s, g, i: "length" if i == 0 else "stop",
-          metrics=lambda s: {**healthy_metrics(s), "nonfinite_steps": float(s == 3)})
+    write(
+        store,
+        termination=lambda s, g, i: "length" if i == 0 else "stop",
+        metrics=lambda s: {**healthy_metrics(s), "nonfinite_steps": float(s == 3)},
+    )
     assert sorted(f.name for f in Suite.default().run(store, "main", 0, 8)) == ["nonfinite", "truncation"]
 
 
@@ -357,9 +482,20 @@ def test_check_detector_rejects_contract_breaks(healthy):
 
     def make(**kw: Any) -> Callable[[Window], list[Finding]]:
         def fn(win: Window) -> list[Finding]:
-            base = dict(name="x", severity="warning", value=1.0, threshold=0.5, evidence=(rid(0, 0),),
-                        knobs=("sampling.temperature",), message="m", branch=win.branch, first_step=0, last_step=8)
+            base = dict(
+                name="x",
+                severity="warning",
+                value=1.0,
+                threshold=0.5,
+                evidence=(rid(0, 0),),
+                knobs=("sampling.temperature",),
+                message="m",
+                branch=win.branch,
+                first_step=0,
+                last_step=8,
+            )
             return [Finding(**{**base, **kw})]
+
         return fn
 
     def flaky(win: Window) -> list[Finding]:
@@ -367,10 +503,17 @@ def test_check_detector_rejects_contract_breaks(healthy):
 
     try:
         assert len(check_detector(make(), w)) == 1
-        for bad, match in [(make(evidence=("main-s000099-0000",)), "not in the window"), (make(value=math.nan), "finite"),
-                           (make(knobs=()), "knobs"), (make(knobs=("temperature",)), "knobs"), (make(severity="high"), "severity"),
-                           (make(last_step=3), "window"), (make(evidence=tuple(rid(0, k) for k in range(9))), "at most"),
-                           (flaky, "deterministic"), (not_a_list, "list of Finding")]:
+        for bad, match in [
+            (make(evidence=("main-s000099-0000",)), "not in the window"),
+            (make(value=math.nan), "finite"),
+            (make(knobs=()), "knobs"),
+            (make(knobs=("temperature",)), "knobs"),
+            (make(severity="high"), "severity"),
+            (make(last_step=3), "window"),
+            (make(evidence=tuple(rid(0, k) for k in range(9))), "at most"),
+            (flaky, "deterministic"),
+            (not_a_list, "list of Finding"),
+        ]:
             with pytest.raises(DetectorCheckError, match=match):
                 check_detector(bad, w)
     finally:

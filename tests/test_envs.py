@@ -1,4 +1,5 @@
 """Environments: the contract checker, the math terms and audit, the multi-turn digits env."""
+
 from __future__ import annotations
 
 import random
@@ -6,12 +7,12 @@ import random
 import pytest
 import torch
 
-from evotrainer.envs.registry import make_domain
 from evotrainer.envs.env import check_env
-from evotrainer.training.rollout import run_episodes
 from evotrainer.envs.math.domain import format_reward
+from evotrainer.envs.registry import make_domain
 from evotrainer.errors import HarnessError
 from evotrainer.harness.rewards import check_terms, score
+from evotrainer.training.rollout import run_episodes
 from evotrainer.types import Turn
 from tests.conftest import small_config
 
@@ -98,18 +99,42 @@ def test_runner_turn_cap_and_tool_error_policies(digits_setup):
     cut = run_episodes(policy, domain, tasks, max_new_tokens=1, max_turns=4, generator=g)
     assert {ep.termination for ep in cut} == {"length"} and all(len(ep.turns) == 1 for ep in cut)
     # Feedback keeps going after an error; end / mask stop at the first one.
-    fb = run_episodes(policy, domain, tasks, max_new_tokens=6, max_turns=5, tool_error="feedback",
-                      generator=torch.Generator().manual_seed(3), temperature=3.0)
+    fb = run_episodes(
+        policy,
+        domain,
+        tasks,
+        max_new_tokens=6,
+        max_turns=5,
+        tool_error="feedback",
+        generator=torch.Generator().manual_seed(3),
+        temperature=3.0,
+    )
     assert any(any(t.tool_error for t in ep.turns[:-1]) for ep in fb)
-    end = run_episodes(policy, domain, tasks, max_new_tokens=6, max_turns=5, tool_error="end",
-                       generator=torch.Generator().manual_seed(3), temperature=3.0)
+    end = run_episodes(
+        policy,
+        domain,
+        tasks,
+        max_new_tokens=6,
+        max_turns=5,
+        tool_error="end",
+        generator=torch.Generator().manual_seed(3),
+        temperature=3.0,
+    )
     assert any(ep.termination == "tool_error" for ep in end)
     for ep in end:
         assert not any(t.tool_error for t in ep.turns[:-1])
         if ep.turns[-1].tool_error and ep.termination != "length":  # truncation takes precedence
             assert ep.termination == "tool_error"
-            terms, total = score(cfg.harness.model_copy(update={"multi_turn": cfg.harness.multi_turn.model_copy(update={"tool_error": "end"})}),
-                                 domain, ep.task, ep.turns, ep.info, ep.termination)
+            terms, total = score(
+                cfg.harness.model_copy(
+                    update={"multi_turn": cfg.harness.multi_turn.model_copy(update={"tool_error": "end"})}
+                ),
+                domain,
+                ep.task,
+                ep.turns,
+                ep.info,
+                ep.termination,
+            )
             assert total == 0.0
     # Observations are context, not actions: the action mask covers exactly the sampled tokens.
     for ep in fb:

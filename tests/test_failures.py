@@ -1,12 +1,14 @@
 """Failure scenarios (examples/failures/): each built-in detector fires on a real training run that
 exhibits its failure, citing rollouts that show it, and every detector stays quiet on the healthy runs."""
+
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -40,35 +42,91 @@ def _h(cfg: RunConfig):
 
 
 SCENARIOS: dict[str, Scenario] = {
-    "zero_variance": Scenario("healthy", lambda c, h: _h(c).sampling.num_generations == 1 < _h(h).sampling.num_generations,
-                              ("zero_variance_groups",), (("zero_variance_groups", "sampling.num_generations"),)),
-    "truncation": Scenario("healthy", lambda c, h: _h(c).sampling.max_completion_length == 4 < _h(h).sampling.max_completion_length,
-                           ("truncation",), (("truncation", "sampling.max_completion_length"),)),
-    "plateau": Scenario("healthy", lambda c, h: _h(c).optimizer.learning_rate == 0.0 < _h(h).optimizer.learning_rate, ("plateau",),
-                        (("plateau", "optimizer.learning_rate"),)),
-    "entropy_explosion": Scenario("healthy", lambda c, h: _h(c).sampling.temperature == 3.0 > _h(h).sampling.temperature,
-                                  ("entropy_explosion",), (("entropy_explosion", "sampling.temperature"),)),
-    "entropy_collapse": Scenario("healthy", lambda c, h: _h(c).optimizer.learning_rate >= 1000 * _h(h).optimizer.learning_rate,
-                                 ("entropy_collapse", "repetition")),
-    "nonfinite": Scenario("healthy", lambda c, h: (_h(c).optimizer.learning_rate >= 1000 * _h(h).optimizer.learning_rate
-                                                   and _h(c).loss.beta > 0 == _h(h).loss.beta and _h(c).loss.num_iterations > 1),
-                          ("nonfinite",), (("nonfinite", "optimizer.learning_rate"),)),
-    "kl_spike": Scenario("healthy", lambda c, h: (_h(c).loss.num_iterations == 4 > _h(h).loss.num_iterations
-                                                  and _h(c).loss.beta > 0 and _h(c).optimizer.learning_rate > _h(h).optimizer.learning_rate),
-                         ("kl_spike",), (("kl_spike", "optimizer.learning_rate"), ("kl_spike", "loss.beta"))),
-    "reward_hacking": Scenario("healthy", lambda c, h: _h(c).reward_weights == {"contains_answer": 1.0} != _h(h).reward_weights,
-                               ("reward_hacking", "reward_audit_gap"),
-                               (("reward_hacking", "reward_weights.contains_answer"), ("reward_audit_gap", "reward_weights.contains_answer"))),
-    "length_blowup": Scenario("healthy", lambda c, h: _h(c).reward_weights == {"contains_answer": 1.0} != _h(h).reward_weights,
-                              ("length_blowup", "reward_audit_gap"), (("reward_audit_gap", "reward_weights.contains_answer"),)),
-    "format_hacking": Scenario("healthy", lambda c, h: _h(c).reward_weights["format"] == 1.0 > _h(h).reward_weights["format"],
-                               ("reward_audit_gap",), (("reward_audit_gap", "reward_weights.format"),)),
-    "tool_errors": Scenario("healthy_digits", lambda c, h: _h(c).sampling.temperature == 1.5 > _h(h).sampling.temperature,
-                            ("tool_errors",), (("tool_errors", "multi_turn.tool_error"),)),
-    "turn_cap": Scenario("healthy_digits", lambda c, h: _h(c).multi_turn.max_turns == 1 < _h(h).multi_turn.max_turns, ("turn_cap",),
-                         (("turn_cap", "multi_turn.max_turns"),)),
-    "infra_errors": Scenario("healthy_digits", lambda c, h: c.env.infra_error_rate == 0.2 > h.env.infra_error_rate,
-                             ("infra_errors",), (("infra_errors", "filters.mask_terminations"),)),
+    "zero_variance": Scenario(
+        "healthy",
+        lambda c, h: _h(c).sampling.num_generations == 1 < _h(h).sampling.num_generations,
+        ("zero_variance_groups",),
+        (("zero_variance_groups", "sampling.num_generations"),),
+    ),
+    "truncation": Scenario(
+        "healthy",
+        lambda c, h: _h(c).sampling.max_completion_length == 4 < _h(h).sampling.max_completion_length,
+        ("truncation",),
+        (("truncation", "sampling.max_completion_length"),),
+    ),
+    "plateau": Scenario(
+        "healthy",
+        lambda c, h: _h(c).optimizer.learning_rate == 0.0 < _h(h).optimizer.learning_rate,
+        ("plateau",),
+        (("plateau", "optimizer.learning_rate"),),
+    ),
+    "entropy_explosion": Scenario(
+        "healthy",
+        lambda c, h: _h(c).sampling.temperature == 3.0 > _h(h).sampling.temperature,
+        ("entropy_explosion",),
+        (("entropy_explosion", "sampling.temperature"),),
+    ),
+    "entropy_collapse": Scenario(
+        "healthy",
+        lambda c, h: _h(c).optimizer.learning_rate >= 1000 * _h(h).optimizer.learning_rate,
+        ("entropy_collapse", "repetition"),
+    ),
+    "nonfinite": Scenario(
+        "healthy",
+        lambda c, h: (
+            _h(c).optimizer.learning_rate >= 1000 * _h(h).optimizer.learning_rate
+            and _h(c).loss.beta > 0 == _h(h).loss.beta
+            and _h(c).loss.num_iterations > 1
+        ),
+        ("nonfinite",),
+        (("nonfinite", "optimizer.learning_rate"),),
+    ),
+    "kl_spike": Scenario(
+        "healthy",
+        lambda c, h: (
+            _h(c).loss.num_iterations == 4 > _h(h).loss.num_iterations
+            and _h(c).loss.beta > 0
+            and _h(c).optimizer.learning_rate > _h(h).optimizer.learning_rate
+        ),
+        ("kl_spike",),
+        (("kl_spike", "optimizer.learning_rate"), ("kl_spike", "loss.beta")),
+    ),
+    "reward_hacking": Scenario(
+        "healthy",
+        lambda c, h: _h(c).reward_weights == {"contains_answer": 1.0} != _h(h).reward_weights,
+        ("reward_hacking", "reward_audit_gap"),
+        (("reward_hacking", "reward_weights.contains_answer"), ("reward_audit_gap", "reward_weights.contains_answer")),
+    ),
+    "length_blowup": Scenario(
+        "healthy",
+        lambda c, h: _h(c).reward_weights == {"contains_answer": 1.0} != _h(h).reward_weights,
+        ("length_blowup", "reward_audit_gap"),
+        (("reward_audit_gap", "reward_weights.contains_answer"),),
+    ),
+    "format_hacking": Scenario(
+        "healthy",
+        lambda c, h: _h(c).reward_weights["format"] == 1.0 > _h(h).reward_weights["format"],
+        ("reward_audit_gap",),
+        (("reward_audit_gap", "reward_weights.format"),),
+    ),
+    "tool_errors": Scenario(
+        "healthy_digits",
+        lambda c, h: _h(c).sampling.temperature == 1.5 > _h(h).sampling.temperature,
+        ("tool_errors",),
+        (("tool_errors", "multi_turn.tool_error"),),
+    ),
+    "turn_cap": Scenario(
+        "healthy_digits",
+        lambda c, h: _h(c).multi_turn.max_turns == 1 < _h(h).multi_turn.max_turns,
+        ("turn_cap",),
+        (("turn_cap", "multi_turn.max_turns"),),
+    ),
+    "infra_errors": Scenario(
+        "healthy_digits",
+        lambda c, h: c.env.infra_error_rate == 0.2 > h.env.infra_error_rate,
+        ("infra_errors",),
+        (("infra_errors", "filters.mask_terminations"),),
+    ),
 }
 
 
@@ -86,7 +144,9 @@ class Result:
 
     def rollouts(self, ids: tuple[str, ...]) -> dict[str, dict]:
         quoted = ", ".join("'" + i.replace("'", "''") + "'" for i in ids)
-        return {r["id"]: r for r in self.store.query(where=f"split = 'train' AND branch = '{BRANCH}' AND id IN ({quoted})")}
+        return {
+            r["id"]: r for r in self.store.query(where=f"split = 'train' AND branch = '{BRANCH}' AND id IN ({quoted})")
+        }
 
     def series(self, name: str) -> np.ndarray:
         return np.array([self.metrics[s].get(name, np.nan) for s in sorted(self.metrics)])
@@ -101,7 +161,9 @@ def run_scenario(tmp_path_factory, _test_cache):
 
     def run(name: str) -> Result:
         if name not in done:
-            cfg = scenario_config(name, **{"run.out_dir": str(out), "policy.cache_dir": os.environ["EVOTRAINER_TEST_CACHE"]})
+            cfg = scenario_config(
+                name, **{"run.out_dir": str(out), "policy.cache_dir": os.environ["EVOTRAINER_TEST_CACHE"]}
+            )
             summary = train_run(cfg, QUIET)
             assert summary["steps"] == cfg.train.steps, f"{name}: ran {summary['steps']} of {cfg.train.steps} steps"
             store = RolloutStore(out / cfg.run.name / "store")
@@ -131,7 +193,11 @@ def _spiked(res: Result, step: int, factor: float) -> bool:
     """Some signal kl_spike reads (grad norm, KL, clipped share) is `factor` times its run median at `step`."""
     for names in (("grad_norm",), ("kl",), ("clip_ratio/low_mean", "clip_ratio/high_mean")):
         s = sum(res.series(n) for n in names)
-        if np.isfinite(s).sum() >= 5 and np.isfinite(s[step - 1]) and s[step - 1] > factor * np.nanmedian(s[np.isfinite(s)]):
+        if (
+            np.isfinite(s).sum() >= 5
+            and np.isfinite(s[step - 1])
+            and s[step - 1] > factor * np.nanmedian(s[np.isfinite(s)])
+        ):
             return True
     return False
 
@@ -146,12 +212,17 @@ EVIDENCE: dict[str, Callable[[dict, Result], bool]] = {
     "entropy_explosion": lambda r, res: _mean_logprob(r) < -2.0,
     "repetition": lambda r, res: bool(_LOOP.search(_actions(r))),
     "kl_spike": lambda r, res: _spiked(res, r["step"], 5.0),
-    "nonfinite": lambda r, res: (res.metrics[r["step"]]["nonfinite_steps"] > 0
-                                 or not np.isfinite(res.metrics[r["step"]]["grad_norm"])),
-    "reward_hacking": lambda r, res: r["audit"] is False and r["rewards"]["contains_answer"] > 0 and r["rewards"]["correct"] < 1,
+    "nonfinite": lambda r, res: (
+        res.metrics[r["step"]]["nonfinite_steps"] > 0 or not np.isfinite(res.metrics[r["step"]]["grad_norm"])
+    ),
+    "reward_hacking": lambda r, res: (
+        r["audit"] is False and r["rewards"]["contains_answer"] > 0 and r["rewards"]["correct"] < 1
+    ),
     "reward_audit_gap": lambda r, res: r["audit"] is False and r["reward"] >= 0.5,
     "tool_errors": lambda r, res: any(t["tool_error"] for t in r["turns"]),
-    "turn_cap": lambda r, res: r["termination"] == "turn_cap" and r["num_turns"] == res.cfg.harness.multi_turn.max_turns,
+    "turn_cap": lambda r, res: (
+        r["termination"] == "turn_cap" and r["num_turns"] == res.cfg.harness.multi_turn.max_turns
+    ),
     "infra_errors": lambda r, res: r["termination"] == "error",
     "plateau": lambda r, res: r["step"] == res.summary["steps"],
 }
@@ -160,9 +231,13 @@ EVIDENCE: dict[str, Callable[[dict, Result], bool]] = {
 # -- the tests ------------------------------------------------------------------------------------------
 # Detectors of the code and SWE domains fire on those domains' rollouts; their domain tests plant the
 # behaviour and check the evidence ids (a math scenario cannot produce a test-file edit).
-DOMAIN_TESTED = {"hardcoded_examples": "test_code_domain.py", "exec_errors": "test_code_domain.py",
-                 "test_tampering": "test_swe_domain.py", "collection_errors": "test_swe_domain.py",
-                 "tests_dropped": "test_swe_domain.py"}
+DOMAIN_TESTED = {
+    "hardcoded_examples": "test_code_domain.py",
+    "exec_errors": "test_code_domain.py",
+    "test_tampering": "test_swe_domain.py",
+    "collection_errors": "test_swe_domain.py",
+    "tests_dropped": "test_swe_domain.py",
+}
 
 
 def test_scenarios_cover_every_detector():
@@ -174,7 +249,9 @@ def test_scenarios_cover_every_detector():
     for name, test_file in DOMAIN_TESTED.items():
         assert f'"{name}"' in (Path(__file__).parent / test_file).read_text(), f"{test_file} does not test {name}"
     # swe_* / code_* scenario files belong to the domain tests above.
-    assert sorted(p.stem for p in FAILURES.glob("*.yaml") if not p.stem.startswith(("swe_", "code_"))) == sorted([*SCENARIOS, *HEALTHY])
+    assert sorted(p.stem for p in FAILURES.glob("*.yaml") if not p.stem.startswith(("swe_", "code_"))) == sorted(
+        [*SCENARIOS, *HEALTHY]
+    )
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
@@ -184,7 +261,11 @@ def test_scenario_plants_its_knob(name):
     assert s.planted(cfg, control)
     assert cfg.harness.version != control.harness.version or cfg.env != control.env
     # Warm starts are shared: a scenario breaks training, not the starting policy.
-    assert (cfg.policy, cfg.env.domain, cfg.eval.heldout_size) == (control.policy, control.env.domain, control.eval.heldout_size)
+    assert (cfg.policy, cfg.env.domain, cfg.eval.heldout_size) == (
+        control.policy,
+        control.env.domain,
+        control.eval.heldout_size,
+    )
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
@@ -198,7 +279,9 @@ def test_detectors_fire_on_their_scenario(name, run_scenario):
         f = by_name[target]
         assert f.evidence, f"{target}: no evidence"
         rows = res.rollouts(f.evidence)
-        assert set(rows) == set(f.evidence), f"{target}: evidence ids missing from the store: {set(f.evidence) - set(rows)}"
+        assert set(rows) == set(f.evidence), (
+            f"{target}: evidence ids missing from the store: {set(f.evidence) - set(rows)}"
+        )
         bad = [i for i in f.evidence if not EVIDENCE[target](rows[i], res)]
         assert not bad, f"{target}: evidence that does not show the failure: {[(i, _actions(rows[i])) for i in bad]}"
     for target, knob in SCENARIOS[name].knobs:

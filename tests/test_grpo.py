@@ -1,4 +1,5 @@
 """The GRPO update: advantages, each loss type, masking, KL, and non-finite steps."""
+
 from __future__ import annotations
 
 import math
@@ -7,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from evotrainer.training.rollout import run_episodes
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.rewards import score
 from evotrainer.training.grpo import GRPOTrainer, advantages
+from evotrainer.training.rollout import run_episodes
 
 
 def test_advantages_scaling():
@@ -41,14 +42,16 @@ def _adv(rewards, g=8):
 def _batch(setup, seed=0, n_tasks=8, g=8):
     cfg, domain, policy = setup
     tasks = [t for t in domain.tasks("train")[:n_tasks] for _ in range(g)]
-    eps = run_episodes(policy, domain, tasks, max_new_tokens=8, max_turns=1, generator=torch.Generator().manual_seed(seed))
+    eps = run_episodes(
+        policy, domain, tasks, max_new_tokens=8, max_turns=1, generator=torch.Generator().manual_seed(seed)
+    )
     rewards = torch.tensor([score(cfg.harness, domain, e.task, e.turns, e.info, e.termination)[1] for e in eps])
     return eps, rewards
 
 
 def _seq_logp(policy, eps):
     lps = policy.logprobs([e.token_ids for e in eps])
-    return torch.tensor([sum(lp[-e.action_tokens:]) for lp, e in zip(lps, eps)])
+    return torch.tensor([sum(lp[-e.action_tokens :]) for lp, e in zip(lps, eps)])
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
@@ -74,7 +77,9 @@ def test_loss_types_differ_in_aggregation(math_setup, tmp_path):
     norms = {}
     for lt in ("grpo", "dr_grpo", "dapo"):
         policy = base.fork(tmp_path / lt)
-        norms[lt] = GRPOTrainer(policy, Harness(loss={"loss_type": lt})).update(eps, adv, [True] * len(eps))["grad_norm"]
+        norms[lt] = GRPOTrainer(policy, Harness(loss={"loss_type": lt})).update(eps, adv, [True] * len(eps))[
+            "grad_norm"
+        ]
     assert len({round(v, 6) for v in norms.values()}) == 3
 
 
@@ -99,8 +104,11 @@ def test_truncation_masking_in_a_step(math_setup, tmp_path):
     out = {}
     for masked in (False, True):
         policy = base.fork(tmp_path / f"p{masked}")
-        h = Harness(sampling={"max_completion_length": 3, "num_generations": 4, "prompts_per_step": 8, "temperature": 2.0},
-                    loss={"mask_truncated_completions": masked}, shaping={"length_penalty": 0.1})
+        h = Harness(
+            sampling={"max_completion_length": 3, "num_generations": 4, "prompts_per_step": 8, "temperature": 2.0},
+            loss={"mask_truncated_completions": masked},
+            shaping={"length_penalty": 0.1},
+        )
         out[masked] = train_step(GRPOTrainer(policy, h), domain, domain.tasks("train"), ctx, 1)
     assert out[True]["completions/clipped_ratio"] == out[False]["completions/clipped_ratio"] > 0.5
     assert out[False]["frac_trainable"] == 1.0
@@ -170,7 +178,9 @@ def test_a_fork_trains_with_its_own_harness_learning_rate(math_setup, tmp_path):
     parent = GRPOTrainer(base.fork(tmp_path / "p"), Harness(optimizer={"learning_rate": 1e-4}))
     parent.update(eps, adv, [True] * len(eps))
     parent.save(tmp_path / "ckpt")
-    child = GRPOTrainer(HFPolicy.load(tmp_path / "ckpt"), Harness(optimizer={"learning_rate": 3e-4, "weight_decay": 0.05}))
+    child = GRPOTrainer(
+        HFPolicy.load(tmp_path / "ckpt"), Harness(optimizer={"learning_rate": 3e-4, "weight_decay": 0.05})
+    )
     child.load_optimizer(tmp_path / "ckpt")
     assert {g["lr"] for g in child.optimizer.param_groups} == {3e-4}
     assert {g["weight_decay"] for g in child.optimizer.param_groups} == {0.05}

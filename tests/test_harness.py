@@ -1,4 +1,5 @@
 """The harness as an evolvable value: versions, the knob registry, single-factor interventions."""
+
 from __future__ import annotations
 
 import json
@@ -42,25 +43,50 @@ interventions = st.one_of(
     st.builds(lambda v: ("set_knob", "optimizer.learning_rate", v), st.floats(0.0, 1.0).filter(lambda x: x != 3e-4)),
     st.builds(lambda v: ("set_knob", "loss.beta", v), st.floats(0.001, 10.0)),
     st.builds(lambda v: ("set_knob", "shaping.overlong_buffer_len", v), st.integers(1, 15)),
-    st.builds(lambda v: ("set_reward_weight", "reward_weights.format", v), st.floats(-5, 5).filter(lambda x: x != 0.1)),
+    st.builds(
+        lambda v: ("set_reward_weight", "reward_weights.format", v), st.floats(-5, 5).filter(lambda x: x != 0.1)
+    ),
     st.builds(lambda v: ("add_reward_term", "reward_weights.brevity", v), st.floats(0.01, 5)),
     st.just(("remove_reward_term", "reward_weights.format", None)),
-    st.sampled_from([("replace_reward_term", "reward_weights.correct", "tests_restored"),
-                     ("replace_reward_term", "reward_weights.format", "brevity")]),
+    st.sampled_from(
+        [
+            ("replace_reward_term", "reward_weights.correct", "tests_restored"),
+            ("replace_reward_term", "reward_weights.format", "brevity"),
+        ]
+    ),
     st.builds(lambda v: ("add_filter", "filters.zero_std_threshold", v), st.floats(0.0, 1.0)),
-    st.builds(lambda v: ("add_filter", "filters.mask_terminations", v),
-              st.lists(st.sampled_from(["length", "timeout", "error", "tool_error"]), min_size=1, unique=True)),
+    st.builds(
+        lambda v: ("add_filter", "filters.mask_terminations", v),
+        st.lists(st.sampled_from(["length", "timeout", "error", "tool_error"]), min_size=1, unique=True),
+    ),
     st.just(("add_filter", "loss.mask_truncated_completions", True)),
-    st.sampled_from([("swap_estimator", "loss.advantage_estimator", "rloo"), ("swap_estimator", "loss.scale_rewards", "none"),
-                     ("swap_estimator", "loss.scale_rewards", "batch"), ("swap_loss_type", "loss.loss_type", "grpo"),
-                     ("swap_loss_type", "loss.loss_type", "dr_grpo"), ("set_knob", "multi_turn.tool_error", "mask")]),
-    st.builds(lambda v: ("set_curriculum", "curriculum.levels", v), st.lists(st.integers(0, 5), min_size=1, unique=True)),
+    st.sampled_from(
+        [
+            ("swap_estimator", "loss.advantage_estimator", "rloo"),
+            ("swap_estimator", "loss.scale_rewards", "none"),
+            ("swap_estimator", "loss.scale_rewards", "batch"),
+            ("swap_loss_type", "loss.loss_type", "grpo"),
+            ("swap_loss_type", "loss.loss_type", "dr_grpo"),
+            ("set_knob", "multi_turn.tool_error", "mask"),
+        ]
+    ),
+    st.builds(
+        lambda v: ("set_curriculum", "curriculum.levels", v), st.lists(st.integers(0, 5), min_size=1, unique=True)
+    ),
     st.builds(lambda v: ("set_curriculum", "curriculum.easy_threshold", v), st.floats(0.0, 1.0)),
 )
-parents = st.builds(lambda lr, g, w, p: Harness(optimizer={"learning_rate": lr}, sampling={"num_generations": g},
-                                                reward_weights={"correct": 1.0, "format": w}, parent=p),
-                    st.sampled_from([3e-4, 1e-5]), st.integers(1, 16), st.sampled_from([0.1, 0.5]),
-                    st.sampled_from([None, "h-000000000000"]))
+parents = st.builds(
+    lambda lr, g, w, p: Harness(
+        optimizer={"learning_rate": lr},
+        sampling={"num_generations": g},
+        reward_weights={"correct": 1.0, "format": w},
+        parent=p,
+    ),
+    st.sampled_from([3e-4, 1e-5]),
+    st.integers(1, 16),
+    st.sampled_from([0.1, 0.5]),
+    st.sampled_from([None, "h-000000000000"]),
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -99,7 +125,9 @@ def test_multi_factor_and_bad_patches_are_refused(tmp_path):
     with pytest.raises(InterventionError, match="no such reward term"):
         Intervention(kind="remove_reward_term", target="reward_weights.brevity", hypothesis=HYP).apply(h)
     with pytest.raises(InterventionError, match="already pays 'format'"):
-        Intervention(kind="replace_reward_term", target="reward_weights.correct", value="format", hypothesis=HYP).apply(h)
+        Intervention(
+            kind="replace_reward_term", target="reward_weights.correct", value="format", hypothesis=HYP
+        ).apply(h)
     with pytest.raises(InterventionError, match="needs the new term's name"):
         Intervention(kind="replace_reward_term", target="reward_weights.correct", value=1.0, hypothesis=HYP).apply(h)
     two = tmp_path / "two.yaml"
@@ -124,7 +152,9 @@ def test_cli_knobs_and_harness_diff(tmp_path):
     assert {r["path"] for r in rows} == {k.path for k in registry()}
     a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
     a.write_text(yaml.safe_dump(Harness().model_dump(mode="json")))
-    b.write_text(yaml.safe_dump({"harness": Harness(loss={"beta": 0.04}).model_dump(mode="json")}))  # a run config works too
+    b.write_text(
+        yaml.safe_dump({"harness": Harness(loss={"beta": 0.04}).model_dump(mode="json")})
+    )  # a run config works too
     out = run_cli("harness", "diff", str(a), str(b))
     assert out.returncode == 0 and "loss.beta" in out.stdout and "0.04" in out.stdout
     assert "sampling" not in out.stdout

@@ -3,30 +3,34 @@ A loop round proposes through it and trials the proposal; malformed output is re
 dropped; agent-written detectors are refused when they write or reach for the evaluator's data and
 admitted after a backtest; a bad endpoint stops the run before its directory exists; the brief of a
 real SWE tampering trajectory reaches the model in full and holds no held-out data."""
+
 from __future__ import annotations
 
 import json
 import os
 import socket
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from rich.console import Console
 
-from evotrainer.errors import ConfigError
 from evotrainer.diagnostics import agent
 from evotrainer.diagnostics.revision import PastVerdict, admit
 from evotrainer.diagnostics.suite import Suite
 from evotrainer.diagnostics.window import open_window
 from evotrainer.envs.registry import make_domain
-from evotrainer.loop import _past_verdicts, run_loop
+from evotrainer.errors import ConfigError
+from evotrainer.loop import run_loop
 from evotrainer.proposers.brief import IsolationError, build_brief
 from evotrainer.proposers.llm import LLMProposer, check_endpoint, parse_reply
 from evotrainer.proposers.llm_client import LLMClient, LLMError
 from evotrainer.proposers.proposer import Brief
+from evotrainer.stages.evidence import past_verdicts
+from evotrainer.stages.results import read_stage
 from evotrainer.store.ledger import Ledger
 from evotrainer.store.rollouts import RolloutStore
 from tests.conftest import small_config
@@ -59,8 +63,13 @@ class FakeLLM:
 
             def do_GET(self) -> None:
                 if self.path.rstrip("/") == "/v1/models":
-                    self._send(200, {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "t"}
-                                                                for m in fake.models]})
+                    self._send(
+                        200,
+                        {
+                            "object": "list",
+                            "data": [{"id": m, "object": "model", "created": 0, "owned_by": "t"} for m in fake.models],
+                        },
+                    )
                 else:
                     self._send(404, {"error": {"message": "not found"}})
 
@@ -95,19 +104,37 @@ class FakeLLM:
 
 
 def _completion(content: str, prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"id": "c", "object": "chat.completion", "created": 0, "model": MODEL,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens}}
+    return {
+        "id": "c",
+        "object": "chat.completion",
+        "created": 0,
+        "model": MODEL,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
 
 
 def _iv(target: str, value: Any, kind: str = "set_knob", finding: str = "explore") -> dict:
-    return {"kind": kind, "target": target, "value": value,
-            "hypothesis": {"finding": finding, "signal": "heldout/accuracy", "direction": "up", "rationale": "test"}}
+    return {
+        "kind": kind,
+        "target": target,
+        "value": value,
+        "hypothesis": {"finding": finding, "signal": "heldout/accuracy", "direction": "up", "rationale": "test"},
+    }
 
 
-VALID_SQL = {"name": "long_answers", "sql": "SELECT id FROM rollouts WHERE completion_tokens >= 1 ORDER BY reward DESC, step DESC, id",
-             "severity": "warning", "knobs": ["sampling.max_completion_length"], "message": "answers use tokens", "max_share": 0.5}
+VALID_SQL = {
+    "name": "long_answers",
+    "sql": "SELECT id FROM rollouts WHERE completion_tokens >= 1 ORDER BY reward DESC, step DESC, id",
+    "severity": "warning",
+    "knobs": ["sampling.max_completion_length"],
+    "message": "answers use tokens",
+    "max_share": 0.5,
+}
 
 
 def _closed_port() -> int:
@@ -124,15 +151,29 @@ def llm_run(tmp_path_factory, math_setup):
     """One loop round with loop.proposer llm on the tiny math setup: the model proposes a temperature
     change and two detectors (one valid, one reading the held-out rows), then answers the re-ask."""
     tmp = tmp_path_factory.mktemp("llm")
-    first = json.dumps({"diagnosis": "groups look alike", "interventions": [_iv("sampling.temperature", 1.3)],
-                        "detectors": [VALID_SQL, {**VALID_SQL, "name": "peek", "sql": "SELECT id FROM heldout"}]})
+    first = json.dumps(
+        {
+            "diagnosis": "groups look alike",
+            "interventions": [_iv("sampling.temperature", 1.3)],
+            "detectors": [VALID_SQL, {**VALID_SQL, "name": "peek", "sql": "SELECT id FROM heldout"}],
+        }
+    )
     fake = FakeLLM([first, '{"interventions": [], "detectors": []}'])
     # Small steps (the warm-start cache key ignores the harness): the point is the round, not the learning.
-    cfg = small_config(tmp, loop={"segment_steps": 3, "trial_steps": 2, "candidates": 1, "max_rounds": 1, "proposer": "llm",
-                                  "skills_dir": str(tmp / "skills")},
-                       harness={"sampling": {"num_generations": 4, "prompts_per_step": 8, "max_completion_length": 8}},
-                       gate={"resamples": 200},
-                       llm={"base_url": fake.url, "model": MODEL, "price_input_per_1k": 0.5, "price_output_per_1k": 1.5})
+    cfg = small_config(
+        tmp,
+        loop={
+            "segment_steps": 3,
+            "trial_steps": 2,
+            "candidates": 1,
+            "max_rounds": 1,
+            "proposer": "llm",
+            "skills_dir": str(tmp / "skills"),
+        },
+        harness={"sampling": {"num_generations": 4, "prompts_per_step": 8, "max_completion_length": 8}},
+        gate={"resamples": 200},
+        llm={"base_url": fake.url, "model": MODEL, "price_input_per_1k": 0.5, "price_output_per_1k": 1.5},
+    )
     summary = run_loop(cfg, QUIET)
     yield cfg, summary, fake, Path(cfg.run.out_dir) / cfg.run.name
     fake.close()
@@ -146,18 +187,22 @@ def test_a_loop_round_trials_the_llm_proposal_and_charges_its_tokens(llm_run):
         assert trial["source"] == "llm" and trial["intervention"]["target"] == "sampling.temperature"
         assert trial["intervention"]["value"] == 1.3 and trial["intervention"]["before"] == 1.0
         assert [v["trial"] for v in ledger.verdicts()] == [trial["id"]]
-        propose = ledger.stage_result(1, "propose")
-        records = {d.get("name", d["proposed"].get("name")): d for d in propose["detectors"]}
+        propose = read_stage(ledger, 1, "propose")
+        records = {d.get("name", d["proposed"].get("name")): d for d in propose.detectors}
         assert records["agent_long_answers"]["admitted"], records
         assert not records["peek"]["admitted"] and "held-out" in records["peek"]["reason"]
-        assert "agent_long_answers" in propose["suite"]["detectors"]
+        assert "agent_long_answers" in propose.suite.detectors
         charge = ledger.spent_by_stage()["propose"]
         assert charge.llm_input_tokens > 0 and charge.llm_output_tokens > 0
-        assert charge.llm_cost == pytest.approx(charge.llm_input_tokens / 1000 * 0.5 + charge.llm_output_tokens / 1000 * 1.5)
+        assert charge.llm_cost == pytest.approx(
+            charge.llm_input_tokens / 1000 * 0.5 + charge.llm_output_tokens / 1000 * 1.5
+        )
     finally:
         ledger.close()
     # The invalid detector was fed back once; both exchanges are transcripts the report links.
-    assert len(fake.requests) == 2 and "held-out rows are the evaluator's" in fake.requests[1]["messages"][-1]["content"]
+    assert (
+        len(fake.requests) == 2 and "held-out rows are the evaluator's" in fake.requests[1]["messages"][-1]["content"]
+    )
     t1 = json.loads((run_dir / "llm" / "001-1.json").read_text())
     assert t1["response"] and t1["accepted"][0]["intervention"]["target"] == "sampling.temperature"
     assert t1["input_tokens"] > 0 and t1["cost"] > 0 and t1["seconds"] > 0 and t1["messages"][0]["role"] == "system"
@@ -170,8 +215,19 @@ def _brief(cfg, run_dir: Path, limit: int = 2) -> Brief:
     ledger = Ledger(run_dir / "ledger.sqlite")
     try:
         seg = Suite.default().run(store, "r01-seg", 1, 3)
-        return build_brief(run=cfg.run.name, rnd=7, domain="math", harness=cfg.harness, findings=seg, store=store,
-                           branches=["r01-seg"], ledger=ledger, skills=[], limit=limit, explore=0.0)
+        return build_brief(
+            run=cfg.run.name,
+            rnd=7,
+            domain="math",
+            harness=cfg.harness,
+            findings=seg,
+            store=store,
+            branches=["r01-seg"],
+            ledger=ledger,
+            skills=[],
+            limit=limit,
+            explore=0.0,
+        )
     finally:
         ledger.close()
 
@@ -184,19 +240,26 @@ def _proposer(cfg, fake: FakeLLM, run_dir: Path, **llm) -> LLMProposer:
 # -- malformed output ------------------------------------------------------------------------------------------------
 def test_malformed_output_is_repaired_when_unambiguous(llm_run, tmp_path):
     cfg, _, _, run_dir = llm_run
-    sloppy = ("Here is my answer:\n```json\n{'diagnosis': 'fine', // a comment\n 'interventions': [{'kind': 'set_knob', "
-              "'target': 'loss.mask_truncated_completions', 'value': True, 'hypothesis': {'finding': 'explore', "
-              "'signal': 'completions/clipped_ratio', 'direction': 'down',},},],}\n```")
+    sloppy = (
+        "Here is my answer:\n```json\n{'diagnosis': 'fine', // a comment\n 'interventions': [{'kind': 'set_knob', "
+        "'target': 'loss.mask_truncated_completions', 'value': True, 'hypothesis': {'finding': 'explore', "
+        "'signal': 'completions/clipped_ratio', 'direction': 'down',},},],}\n```"
+    )
     fake = FakeLLM([sloppy])
     try:
-        out = _proposer(cfg, fake, tmp_path).propose(_brief(cfg, run_dir))
+        out = _proposer(cfg, fake, tmp_path).propose(_brief(cfg, run_dir)).proposals
     finally:
         fake.close()
     assert [p.intervention.target for p in out] == ["loss.mask_truncated_completions"] and out[0].source == "llm"
     assert len(fake.requests) == 1  # repaired, not re-asked
     t = json.loads((tmp_path / "llm" / "007-1.json").read_text())
-    assert {"code fence removed", "comments removed", "trailing commas removed", "single-quoted strings converted",
-            "Python True / False / None converted"} <= set(t["repairs"])
+    assert {
+        "code fence removed",
+        "comments removed",
+        "trailing commas removed",
+        "single-quoted strings converted",
+        "Python True / False / None converted",
+    } <= set(t["repairs"])
 
 
 def test_unusable_output_is_reasked_once_then_dropped_and_recorded(llm_run, tmp_path):
@@ -207,27 +270,38 @@ def test_unusable_output_is_reasked_once_then_dropped_and_recorded(llm_run, tmp_
         out = p.propose(_brief(cfg, run_dir))
     finally:
         fake.close()
-    assert out == [] and p.take_detectors() == [] and len(fake.requests) == 2
+    assert out.proposals == [] and out.detectors == [] and len(fake.requests) == 2
     assert "no JSON object found" in fake.requests[1]["messages"][-1]["content"]
     t2 = json.loads((tmp_path / "llm" / "007-2.json").read_text())
     assert t2["parsed"] is None and "not valid JSON" in t2["error"]
-    assert p.take_charges()["llm"].llm_input_tokens > 0
+    assert out.charges["llm"].llm_input_tokens > 0
 
 
 def test_multi_factor_out_of_range_and_evaluator_targets_are_refused_with_reasons_fed_back(llm_run, tmp_path):
     cfg, _, _, run_dir = llm_run
-    bad = [_iv("sampling.temperature", 9.0), _iv("sampling", {"temperature": 1.2, "top_p": 0.9}),
-           _iv("eval.heldout_size", 1), _iv("gate.level", 0.51), _iv("suite_version", "s-0"), {**_iv("loss.epsilon", 0.3), "bound": True}]
+    bad = [
+        _iv("sampling.temperature", 9.0),
+        _iv("sampling", {"temperature": 1.2, "top_p": 0.9}),
+        _iv("eval.heldout_size", 1),
+        _iv("gate.level", 0.51),
+        _iv("suite_version", "s-0"),
+        {**_iv("loss.epsilon", 0.3), "bound": True},
+    ]
     fake = FakeLLM([json.dumps({"interventions": bad}), json.dumps({"interventions": [_iv("loss.epsilon", 0.3)]})])
     try:
-        out = _proposer(cfg, fake, tmp_path).propose(_brief(cfg, run_dir, limit=1))
+        out = _proposer(cfg, fake, tmp_path).propose(_brief(cfg, run_dir, limit=1)).proposals
     finally:
         fake.close()
     assert [(p.intervention.target, p.intervention.value) for p in out] == [("loss.epsilon", 0.3)]
     said = fake.requests[1]["messages"][-1]["content"]
-    for reason in ("out of range", "exactly one knob", "unknown knob 'eval.heldout_size'", "unknown knob 'gate.level'",
-                   "set_knob cannot target suite_version",
-                   "unknown field(s) ['bound']"):
+    for reason in (
+        "out of range",
+        "exactly one knob",
+        "unknown knob 'eval.heldout_size'",
+        "unknown knob 'gate.level'",
+        "set_knob cannot target suite_version",
+        "unknown field(s) ['bound']",
+    ):
         assert reason in said, reason
 
 
@@ -244,7 +318,7 @@ def test_transient_errors_are_retried_and_a_dead_endpoint_is_no_crash(llm_run, t
         cfg, _, _, run_dir = llm_run
         p = _proposer(cfg, fake, tmp_path, max_retries=0)
         fake.script = [500]
-        assert p.propose(_brief(cfg, run_dir)) == []
+        assert p.propose(_brief(cfg, run_dir)).proposals == []
         assert "HTTP 500" in json.loads((tmp_path / "llm" / "007-1.json").read_text())["error"]
     finally:
         fake.close()
@@ -258,23 +332,32 @@ def test_the_cost_cap_stops_asking_and_old_ledgers_gain_the_llm_columns(llm_run,
     try:
         p = _proposer(cfg, fake, tmp_path, price_input_per_1k=10.0, max_cost=0.01)
         brief = _brief(cfg, run_dir)
-        p.propose(brief)
+        first = p.propose(brief)
         p.propose(brief)  # the first exchange spent past the cap: no second request
     finally:
         fake.close()
-    assert len(fake.requests) == 1 and "llm.max_cost" in json.loads((tmp_path / "llm" / "007-1.json").read_text())["skipped"]
+    assert (
+        len(fake.requests) == 1
+        and "llm.max_cost" in json.loads((tmp_path / "llm" / "007-1.json").read_text())["skipped"]
+    )
     # A ledger written before the LLM columns existed opens, keeps its rows and charges the new fields.
     con = sqlite3.connect(tmp_path / "old.sqlite")
-    con.execute("CREATE TABLE charges (round INTEGER NOT NULL, stage TEXT NOT NULL, item TEXT NOT NULL, generated_tokens INTEGER "
-                "NOT NULL, trained_tokens INTEGER NOT NULL, seconds REAL NOT NULL, PRIMARY KEY (round, stage, item))")
+    con.execute(
+        "CREATE TABLE charges (round INTEGER NOT NULL, stage TEXT NOT NULL, item TEXT NOT NULL, generated_tokens INTEGER "
+        "NOT NULL, trained_tokens INTEGER NOT NULL, seconds REAL NOT NULL, PRIMARY KEY (round, stage, item))"
+    )
     con.execute("INSERT INTO charges VALUES (1, 'train', 'seg', 10, 5, 1.5)")
     con.commit()
     con.close()
     ledger = Ledger(tmp_path / "old.sqlite")
     try:
-        ledger.finish_stage(1, "propose", {}, charges=p.take_charges())
+        ledger.finish_stage(1, "propose", {}, charges=first.charges)
         spent = ledger.spent()
-        assert (spent.generated_tokens, spent.trained_tokens) == (10, 5) and spent.llm_input_tokens > 0 and spent.llm_cost > 0.01
+        assert (
+            (spent.generated_tokens, spent.trained_tokens) == (10, 5)
+            and spent.llm_input_tokens > 0
+            and spent.llm_cost > 0.01
+        )
     finally:
         ledger.close()
 
@@ -300,12 +383,14 @@ def test_agent_detectors_that_write_or_reach_for_evaluator_data_are_refused(llm_
     detectors = [{**VALID_SQL, "name": k, "sql": q} for k, q in attempts.items()]
     evaluator = Path(agent.__file__).parents[1] / "evaluation.py"
     for name, path in (("reads_config", run_dir / "config.yaml"), ("reads_evaluator", evaluator)):
-        detectors.append({**VALID_SQL, "name": name, "sql": None, "python": f"def flag(r):\n    return bool(open('{path}').read())"})
+        detectors.append(
+            {**VALID_SQL, "name": name, "sql": None, "python": f"def flag(r):\n    return bool(open('{path}').read())"}
+        )
     suite = Suite.default()
     new, records = admit(suite, store, detectors[:2], "r01-seg", 1, 3, [])
     assert new.version == suite.version and not any(r["admitted"] for r in records)
     for start in range(2, len(detectors), agent.PER_ROUND):
-        new, more = admit(suite, store, detectors[start:start + agent.PER_ROUND], "r01-seg", 1, 3, [])
+        new, more = admit(suite, store, detectors[start : start + agent.PER_ROUND], "r01-seg", 1, 3, [])
         assert new.version == suite.version
         records += more
     by_name = {r["proposed"]["name"]: r for r in records}
@@ -336,14 +421,25 @@ def test_a_valid_agent_detector_is_admitted_after_backtest_and_cites_its_query_r
     store = RolloutStore(run_dir / "store")
     ledger = Ledger(run_dir / "ledger.sqlite")
     try:
-        past = _past_verdicts(ledger)
+        past = past_verdicts(ledger)
     finally:
         ledger.close()
-    failing = {"name": "audit_failures", "sql": "SELECT id FROM rollouts WHERE audit = false ORDER BY step DESC, id",
-               "severity": "critical", "validity": True, "knobs": ["reward_weights.correct"], "message": "audited failures"}
+    failing = {
+        "name": "audit_failures",
+        "sql": "SELECT id FROM rollouts WHERE audit = false ORDER BY step DESC, id",
+        "severity": "critical",
+        "validity": True,
+        "knobs": ["reward_weights.correct"],
+        "message": "audited failures",
+    }
     # Flags every rollout, passing or failing the audit: its validity claim is not confirmed, so it joins as a warning.
-    predicate = {**VALID_SQL, "name": "py_long", "sql": None, "validity": True,
-                 "python": "def flag(r):\n    return r['completion_tokens'] >= 1 and r['turns'][0]['action'] is not None\n"}
+    predicate = {
+        **VALID_SQL,
+        "name": "py_long",
+        "sql": None,
+        "validity": True,
+        "python": "def flag(r):\n    return r['completion_tokens'] >= 1 and r['turns'][0]['action'] is not None\n",
+    }
     suite = Suite.default()
     new, records = admit(suite, store, [failing, predicate], "r01-seg", 1, 3, past)
     assert all(r["admitted"] for r in records), records
@@ -354,7 +450,10 @@ def test_a_valid_agent_detector_is_admitted_after_backtest_and_cites_its_query_r
     # Round trip through JSON (the loop stores suites in the ledger) keeps the version.
     assert Suite.model_validate(json.loads(json.dumps(new.model_dump(mode="json")))).version == new.version
     [f] = [f for f in new.run(store, "r01-seg", 1, 3) if f.name == "agent_audit_failures"]
-    failed = {r["id"] for r in store.sql("SELECT id FROM rollouts WHERE branch = 'r01-seg' AND split = 'train' AND audit = false")}
+    failed = {
+        r["id"]
+        for r in store.sql("SELECT id FROM rollouts WHERE branch = 'r01-seg' AND split = 'train' AND audit = false")
+    }
     assert f.validity and f.evidence and set(f.evidence) <= failed
     # Had the round's trial been promoted, a validity detector firing on its window would flip that
     # verdict to a rejection: refused.
@@ -374,7 +473,9 @@ def test_a_bad_endpoint_is_a_config_error_before_the_run_directory_exists(tmp_pa
     fake = FakeLLM(models=("other-model",))
     try:
         with pytest.raises(ConfigError, match="'scripted-model' is not served.*other-model"):
-            LLMProposer.from_config(small_config(tmp_path, llm={"base_url": fake.url, "model": MODEL}, **base), run_dir=tmp_path / "x")
+            LLMProposer.from_config(
+                small_config(tmp_path, llm={"base_url": fake.url, "model": MODEL}, **base), run_dir=tmp_path / "x"
+            )
     finally:
         fake.close()
     with pytest.raises(ConfigError, match="llm.base_url: not set"):
@@ -383,8 +484,10 @@ def test_a_bad_endpoint_is_a_config_error_before_the_run_directory_exists(tmp_pa
     with pytest.raises(ConfigError, match="cannot reach"):
         run_loop(cfg, QUIET)
     if (Path(cfg.run.out_dir) / cfg.run.name).exists():
-        pytest.xfail("loop.py checks the endpoint (make_proposer) only after writing the run directory; it should call "
-                     "proposers.llm.check_endpoint(cfg) with the other start-up checks")
+        pytest.xfail(
+            "loop.py checks the endpoint (make_proposer) only after writing the run directory; it should call "
+            "proposers.llm.check_endpoint(cfg) with the other start-up checks"
+        )
 
 
 def test_the_brief_holds_no_heldout_data(llm_run, tmp_path):
@@ -403,7 +506,9 @@ def test_the_brief_holds_no_heldout_data(llm_run, tmp_path):
     domain = make_domain(cfg)
     assert not [t for t in domain.tasks("heldout") if t.prompt in sent]
     # A brief that somehow held a held-out rollout never leaves the process.
-    leaked = Brief(**{**brief.__dict__, "evidence": {**brief.evidence, heldout[0]["id"]: {**heldout[0], "split": "heldout"}}})
+    leaked = Brief(
+        **{**brief.__dict__, "evidence": {**brief.evidence, heldout[0]["id"]: {**heldout[0], "split": "heldout"}}}
+    )
     fake = FakeLLM()
     try:
         with pytest.raises(IsolationError):
@@ -452,8 +557,11 @@ def test_the_brief_of_a_swe_run_with_tampering_holds_the_tampering_trajectory_in
             path, _, test = task.data["failing"][0].partition("::")
             line = task.data["files"][path].split("\n").index(f"def {test}():") + 2
             fix = task.data["fix"]
-            actions = ([f"cat {fix['file']}", f"replace {fix['file']} {fix['line']} {fix['text']}", "submit"] if i % 2 else
-                       [f"cat {path}", f"replace {path} {line}     assert True", "test", "submit"])
+            actions = (
+                [f"cat {fix['file']}", f"replace {fix['file']} {fix['line']} {fix['text']}", "submit"]
+                if i % 2
+                else [f"cat {path}", f"replace {path} {line}     assert True", "test", "submit"]
+            )
             env, turns, info = domain.make_env(), [], {}
             obs = env.reset(task)
             for a in actions:
@@ -462,14 +570,42 @@ def test_the_brief_of_a_swe_run_with_tampering_holds_the_tampering_trajectory_in
                 if done:
                     break
             terms, total = score(harness, domain, task, turns, info, "stop")
-            rollouts.append(Rollout(f"seg-s{step:06d}-{i:04d}", "swe", "seg", step, harness.version, task.id, "train",
-                                    f"seg-s{step:06d}-g{i // 8:03d}", task.prompt, turns, "stop", terms, total,
-                                    domain.audit(task, turns, info), task.difficulty, info))
+            rollouts.append(
+                Rollout(
+                    f"seg-s{step:06d}-{i:04d}",
+                    "swe",
+                    "seg",
+                    step,
+                    harness.version,
+                    task.id,
+                    "train",
+                    f"seg-s{step:06d}-g{i // 8:03d}",
+                    task.prompt,
+                    turns,
+                    "stop",
+                    terms,
+                    total,
+                    domain.audit(task, turns, info),
+                    task.difficulty,
+                    info,
+                )
+            )
         store.append(rollouts, f"seg-s{step:06d}")
     findings = Suite.default().run(store, "seg", 1, 2)
     tampering = next(f for f in findings if f.name == "test_tampering")
-    brief = build_brief(run="swe", rnd=1, domain="swe", harness=harness, findings=findings, store=store, branches=["seg"],
-                        ledger=ledger, skills=[], limit=1, explore=0.0)
+    brief = build_brief(
+        run="swe",
+        rnd=1,
+        domain="swe",
+        harness=harness,
+        findings=findings,
+        store=store,
+        branches=["seg"],
+        ledger=ledger,
+        skills=[],
+        limit=1,
+        explore=0.0,
+    )
     ledger.close()
     fake = FakeLLM(['{"interventions": []}'])
     try:
@@ -479,8 +615,12 @@ def test_the_brief_of_a_swe_run_with_tampering_holds_the_tampering_trajectory_in
         fake.close()
     sent = fake.prompt()
     [r] = store.query(f"id = '{tampering.evidence[0]}'")
-    assert "assert True" in "".join(t["action"] for t in r["turns"]) and r["rewards"]["tests"] == 1.0 and r["audit"] is False
-    block = sent[sent.index(f"### rollout {r['id']}"):sent.index(f"----- end of {r['id']} -----")]
+    assert (
+        "assert True" in "".join(t["action"] for t in r["turns"])
+        and r["rewards"]["tests"] == 1.0
+        and r["audit"] is False
+    )
+    block = sent[sent.index(f"### rollout {r['id']}") : sent.index(f"----- end of {r['id']} -----")]
     assert r["prompt"] in block and "audit FAILED" in block and "test_tampering" in block
     for t in r["turns"]:
         assert t["action"] in block and t["observation"] in block  # every turn, verbatim

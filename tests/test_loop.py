@@ -1,4 +1,5 @@
 """The co-evolution loop end to end on a tiny real model: ledger, verdicts, budget, report, CLI."""
+
 from __future__ import annotations
 
 import io
@@ -9,12 +10,15 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from conftest import small_config
-from evotrainer.errors import ConfigError
 from evotrainer.envs.registry import make_domain
+from evotrainer.errors import ConfigError
 from evotrainer.evaluation import evaluator_hash
-from evotrainer.loop import run_loop, split_heldout
+from evotrainer.loop import run_loop
+from evotrainer.stages.context import split_heldout
+from evotrainer.stages.results import read_stage
 from evotrainer.store.ledger import STAGES, Ledger
 from evotrainer.store.rollouts import RolloutStore
+from evotrainer.types import branch_id
 
 
 def loop_config(tmp, **sections):
@@ -47,14 +51,16 @@ def test_a_round_runs_every_stage_and_records_it(loop_run):
     # Candidates and control fork from the round's segment, on the same steps; from where the round
     # started instead when the segment carries a validity finding. The A-A control runs in round 1.
     for rnd in (1, 2):
-        seg = branches[f"r{rnd:02d}-seg"]
-        tainted = any(f["validity"] for st in ("diagnose", "revise") for f in ledger.stage_result(rnd, st)["findings"])
+        seg = branches[branch_id(rnd, "segment")]
+        tainted = any(f.validity for st in ("diagnose", "revise") for f in read_stage(ledger, rnd, st).findings)
         arms = [b for b in branches.values() if b["round"] == rnd and b["kind"] != "segment"]
         assert {b["kind"] for b in arms} >= {"control"}
         assert len({(b["first_step"], b["last_step"]) for b in arms}) == 1
         for b in arms:
-            assert (b["parent"], b["first_step"]) == ((seg["parent"], seg["first_step"]) if tainted else (seg["id"], seg["last_step"] + 1))
-    assert branches["r01-aa"]["seed"] != branches["r01-ctl"]["seed"]
+            assert (b["parent"], b["first_step"]) == (
+                (seg["parent"], seg["first_step"]) if tainted else (seg["id"], seg["last_step"] + 1)
+            )
+    assert branches[branch_id(1, "aa")]["seed"] != branches[branch_id(1, "control")]["seed"]
 
 
 def test_verdicts_carry_statistic_noise_findings_budget_and_evaluator_hash(loop_run):
@@ -96,18 +102,20 @@ def test_budget_is_charged_per_stage_and_the_mainline_follows_the_gate(loop_run)
     assert total.generated_tokens == sum(c.generated_tokens for c in by_stage.values())
     assert by_stage["trial"].generated_tokens > by_stage["train"].generated_tokens  # trials are charged, and cost more
     for rnd in (1, 2):
-        head = ledger.stage_result(rnd, "promote")["head"]
-        promoted = ledger.stage_result(rnd, "promote")["promoted"]
-        rejected = ledger.stage_result(rnd, "promote")["rejected"]
+        promote, gated = read_stage(ledger, rnd, "promote"), read_stage(ledger, rnd, "gate")
+        head, promoted, rejected = promote.head, promote.promoted, promote.rejected
         # A control whose own window carries a validity finding is rejected when no candidate won.
-        ctl_invalid = any(f["validity"] for f in ledger.stage_result(rnd, "gate")["control_findings"])
+        ctl_invalid = any(f.validity for f in gated.control_findings)
         assert bool(rejected) == (ctl_invalid and not promoted)
         if rejected:  # the mainline rolled back past it, to where the round started
-            assert rejected["branch"] == f"r{rnd:02d}-ctl"
-            assert rejected["reasons"] == ledger.stage_result(rnd, "gate")["control_rejected"]
-            assert head["branch"] == rejected["rolled_back_to"] == ledger.stage_result(rnd - 1, "promote" if rnd > 1 else "start")["head"]["branch"]
+            assert rejected.branch == branch_id(rnd, "control")
+            assert rejected.reasons == gated.control_rejected
+            before = read_stage(ledger, rnd - 1, "promote" if rnd > 1 else "start").head.branch
+            assert head.branch == rejected.rolled_back_to == before
         else:
-            assert head["branch"] == (f"r{rnd:02d}-c{promoted[-1]}" if promoted else f"r{rnd:02d}-ctl")
+            assert head.branch == (
+                branch_id(rnd, "candidate", int(promoted[-1])) if promoted else branch_id(rnd, "control")
+            )
     assert json.loads((run_dir / "summary.json").read_text())["final_accuracy"] == summary["final_accuracy"]
 
 
@@ -123,6 +131,7 @@ def test_report_and_status(loop_run):
         assert b["id"] in html
     # Every evidence link points at a rollout included in the file.
     import re
+
     links = set(re.findall(r'href="#r-([^"]+)"', html))
     anchors = set(re.findall(r'id="r-([^"]+)"', html))
     assert links and links <= anchors
@@ -149,11 +158,11 @@ def test_budget_cap_stops_cleanly_and_abandons_a_trial_that_cannot_fit(tmp_path,
     cfg = loop_config(tmp_path, loop={"max_rounds": 0}, budget={"generated_tokens": 2500})
     summary = run_loop(cfg, quiet())
     ledger = Ledger(tmp_path / "runs" / "t" / "ledger.sqlite")
-    trial = ledger.stage_result(1, "trial")
-    assert trial["abandoned"].startswith("budget.generated_tokens")
-    assert ledger.verdicts() == [] and ledger.stage_result(1, "gate") is None
-    assert summary["stop_reason"] == trial["abandoned"]
-    assert ledger.stage_result(0, "final")["head"]["branch"] == "r01-seg"  # the segment's training is kept
+    trial = read_stage(ledger, 1, "trial")
+    assert trial.abandoned.startswith("budget.generated_tokens")
+    assert ledger.verdicts() == [] and read_stage(ledger, 1, "gate") is None
+    assert summary["stop_reason"] == trial.abandoned
+    assert read_stage(ledger, 0, "final").head.branch == branch_id(1, "segment")  # the segment's training is kept
 
 
 def test_process_executor_runs_arms_in_parallel_processes_with_the_same_results(tmp_path, math_setup):
@@ -170,9 +179,24 @@ def test_process_executor_runs_arms_in_parallel_processes_with_the_same_results(
     hot = cfg.harness.model_copy(update={"sampling": cfg.harness.sampling.model_copy(update={"temperature": 1.3})})
 
     def specs(root):
-        return [ArmSpec(name, "candidate", str(root), cfg.model_dump(mode="json"), h.model_dump(mode="json"), str(start), 0, 1, 2, gate_ids)
-                for name, h in (("a", cfg.harness), ("b", hot))]
+        return [
+            ArmSpec(
+                branch=name,
+                role="candidate",
+                run_dir=str(root),
+                config=cfg.model_dump(mode="json"),
+                harness=h.model_dump(mode="json"),
+                start=str(start),
+                seed=0,
+                first_step=1,
+                steps=2,
+                gate_ids=gate_ids,
+            )
+            for name, h in (("a", cfg.harness), ("b", hot))
+        ]
+
     import torch
+
     threads = torch.get_num_threads()
     try:
         serial = SerialExecutor().run(specs(tmp_path / "serial"))

@@ -1,4 +1,5 @@
 """The Hugging Face policy: contract checks, checkpoints, sampling controls, local models and LoRA."""
+
 from __future__ import annotations
 
 import torch
@@ -39,12 +40,18 @@ def test_stop_strings_length_and_greedy(math_setup):
     cut = policy.sample(ctx, max_new_tokens=2, stop=("</answer>",), greedy=True)
     assert all(s.finish_reason == "length" and len(s.token_ids) == 2 for s in cut)
     # Greedy equals sampling with a vanishing top_p (only the most likely token survives).
-    nucleus = policy.sample(ctx, max_new_tokens=12, stop=("</answer>",), top_p=1e-6, generator=torch.Generator().manual_seed(1))
+    nucleus = policy.sample(
+        ctx, max_new_tokens=12, stop=("</answer>",), top_p=1e-6, generator=torch.Generator().manual_seed(1)
+    )
     assert [s.token_ids for s in nucleus] == [s.token_ids for s in out]
+
     # Temperature spreads the distribution: more entropy per token.
     def ent(t):
-        ss = policy.sample(ctx * 8, max_new_tokens=8, temperature=t, stop=("</answer>",), generator=torch.Generator().manual_seed(0))
+        ss = policy.sample(
+            ctx * 8, max_new_tokens=8, temperature=t, stop=("</answer>",), generator=torch.Generator().manual_seed(0)
+        )
         return sum(s.entropy_sum for s in ss) / sum(len(s.token_ids) for s in ss)
+
     assert ent(2.0) > ent(0.5)
 
 
@@ -56,10 +63,16 @@ def test_sampling_matches_generate_greedy(math_setup):
     from evotrainer.policies.hf import left_pad
 
     ids, mask = left_pad(ctx, policy.pad_id)
-    ref = policy.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=False,
-                                pad_token_id=policy.pad_id, eos_token_id=policy.eos_id)[:, ids.shape[1]:]
+    ref = policy.model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=8,
+        do_sample=False,
+        pad_token_id=policy.pad_id,
+        eos_token_id=policy.eos_id,
+    )[:, ids.shape[1] :]
     for s, row in zip(ours, ref.tolist()):
-        assert s.token_ids == row[:len(s.token_ids)]
+        assert s.token_ids == row[: len(s.token_ids)]
 
 
 def test_local_model_directory_and_lora(tmp_path, math_setup):
@@ -100,5 +113,7 @@ def test_warm_started_base_is_cached_by_recipe(math_setup):
     other = cfg.policy.model_copy(update={"warm_start": cfg.policy.warm_start.model_copy(update={"steps": 151})})
     from evotrainer.policies.tiny import recipe_hash
 
-    assert recipe_hash(other, warm_start_key(cfg, domain), cfg.run.seed) != recipe_hash(cfg.policy, warm_start_key(cfg, domain), cfg.run.seed)
+    assert recipe_hash(other, warm_start_key(cfg, domain), cfg.run.seed) != recipe_hash(
+        cfg.policy, warm_start_key(cfg, domain), cfg.run.seed
+    )
     assert path.name.endswith(recipe_hash(cfg.policy, warm_start_key(cfg, domain), cfg.run.seed))

@@ -1,4 +1,5 @@
 """The replay backtest on a real run's store, and the backtest CLI."""
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,14 @@ HYP = {"finding": "reward_audit_gap", "signal": "reward_audit_auc", "direction":
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, math_setup):
     tmp = tmp_path_factory.mktemp("replay")
-    cfg = small_config(tmp, train={"steps": 4}, eval={"heldout_size": 60, "max_new_tokens": 8, "audit_fraction": 0.5},
-                       harness={"sampling": {"num_generations": 8, "prompts_per_step": 16, "max_completion_length": 8, "temperature": 1.5}})
+    cfg = small_config(
+        tmp,
+        train={"steps": 4},
+        eval={"heldout_size": 60, "max_new_tokens": 8, "audit_fraction": 0.5},
+        harness={
+            "sampling": {"num_generations": 8, "prompts_per_step": 16, "max_completion_length": 8, "temperature": 1.5}
+        },
+    )
     train_run(cfg, Console(file=open("/dev/null", "w")))
     return cfg, tmp / "runs" / "t"
 
@@ -35,7 +42,9 @@ def test_replay_matches_training_and_reports(run):
     assert len(cols) == 4 * 16 * 8 and np.isnan(cols.audit).mean() == pytest.approx(0.5, abs=0.01)
     # The old harness re-scores the stored rollouts exactly as training scored them.
     assert np.abs(rescore(cfg.harness, cols).total - cols.reward).max() < 1e-9
-    iv = Intervention(kind="set_reward_weight", target="reward_weights.format", value=2.0, hypothesis=HYP).bind(cfg.harness)
+    iv = Intervention(kind="set_reward_weight", target="reward_weights.format", value=2.0, hypothesis=HYP).bind(
+        cfg.harness
+    )
     flagged = ~np.isnan(cols.audit) & (cols.audit == 0) & (cols.reward > 0)
     rep = replay(cfg.harness, iv, cols, flagged)
     assert rep.rollouts == len(cols) and rep.groups == 64 and rep.audited == int((~np.isnan(cols.audit)).sum())
@@ -50,18 +59,27 @@ def test_replay_matches_training_and_reports(run):
 def test_filters_change_effective_samples(run):
     cfg, run_dir = run
     cols = load_columns(RolloutStore(run_dir / "store"), ["correct", "format"])
-    iv = Intervention(kind="add_filter", target="filters.zero_std_threshold", value=0.3, hypothesis=HYP).bind(cfg.harness)
+    iv = Intervention(kind="add_filter", target="filters.zero_std_threshold", value=0.3, hypothesis=HYP).bind(
+        cfg.harness
+    )
     rep = replay(cfg.harness, iv, cols)
     assert rep.informative_groups_after < rep.informative_groups_before
     assert rep.effective_samples_after < rep.effective_samples_before and rep.has_effect
-    trunc = Intervention(kind="add_filter", target="filters.mask_terminations", value=["stop", "length"], hypothesis=HYP).bind(cfg.harness)
+    trunc = Intervention(
+        kind="add_filter", target="filters.mask_terminations", value=["stop", "length"], hypothesis=HYP
+    ).bind(cfg.harness)
     assert replay(cfg.harness, trunc, cols).effective_samples_after == 0
 
 
 def test_non_replayable_interventions_need_a_trial(run):
     cfg, run_dir = run
     cols = load_columns(RolloutStore(run_dir / "store"), ["correct", "format"])
-    for target, value in (("loss.beta", 0.1), ("optimizer.learning_rate", 1e-4), ("sampling.temperature", 0.7), ("loss.epsilon_high", 0.28)):
+    for target, value in (
+        ("loss.beta", 0.1),
+        ("optimizer.learning_rate", 1e-4),
+        ("sampling.temperature", 0.7),
+        ("loss.epsilon_high", 0.28),
+    ):
         iv = Intervention(kind="set_knob", target=target, value=value, hypothesis=HYP).bind(cfg.harness)
         with pytest.raises(NotReplayable, match="trial"):
             replay(cfg.harness, iv, cols)
@@ -70,22 +88,34 @@ def test_non_replayable_interventions_need_a_trial(run):
 def test_backtest_cli(run, tmp_path):
     cfg, run_dir = run
     f = tmp_path / "iv.yaml"
-    f.write_text(yaml.safe_dump({"kind": "set_reward_weight", "target": "reward_weights.format", "value": 0.0, "hypothesis": HYP}))
-    out = subprocess.run([sys.executable, "-m", "evotrainer.cli", "backtest", str(run_dir), "--intervention", str(f), "--json"],
-                         capture_output=True, text=True)
+    f.write_text(
+        yaml.safe_dump(
+            {"kind": "set_reward_weight", "target": "reward_weights.format", "value": 0.0, "hypothesis": HYP}
+        )
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "evotrainer.cli", "backtest", str(run_dir), "--intervention", str(f), "--json"],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     rep = json.loads(out.stdout)
     assert rep["rollouts"] == 512 and rep["intervention"] == "set_reward_weight reward_weights.format: 0.1 -> 0.0"
     f.write_text(yaml.safe_dump({"kind": "set_knob", "target": "loss.beta", "value": 0.1, "hypothesis": HYP}))
-    out = subprocess.run([sys.executable, "-m", "evotrainer.cli", "backtest", str(run_dir), "--intervention", str(f)],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "evotrainer.cli", "backtest", str(run_dir), "--intervention", str(f)],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 3 and "needs a trial" in out.stderr and "Traceback" not in out.stderr
     assert (run_dir / "harness" / f"{cfg.harness.version}.yaml").exists()
 
 
 def test_diagnose_cli_stores_findings(run):
     cfg, run_dir = run
-    out = subprocess.run([sys.executable, "-m", "evotrainer.cli", "diagnose", str(run_dir), "--json"], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "evotrainer.cli", "diagnose", str(run_dir), "--json"], capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr
     findings = [json.loads(x) for x in out.stdout.splitlines()]
     store = RolloutStore(run_dir / "store")
@@ -95,7 +125,11 @@ def test_diagnose_cli_stores_findings(run):
     for f in findings:
         assert set(f["evidence"]) <= ids and f["first_step"] == 1 and f["last_step"] == 4
     # Diagnosing the same window again replaces its record instead of duplicating it.
-    again = subprocess.run([sys.executable, "-m", "evotrainer.cli", "diagnose", str(run_dir)], capture_output=True, text=True,
-                           env={**__import__("os").environ, "COLUMNS": "200"})
+    again = subprocess.run(
+        [sys.executable, "-m", "evotrainer.cli", "diagnose", str(run_dir)],
+        capture_output=True,
+        text=True,
+        env={**__import__("os").environ, "COLUMNS": "200"},
+    )
     assert again.returncode == 0 and "finding(s), main steps 1-4" in again.stdout
     assert store.sql("SELECT count(*) AS n FROM findings")[0]["n"] == len(stored)

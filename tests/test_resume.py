@@ -1,5 +1,6 @@
 """Resume: a real loop run killed with SIGKILL during training, during a trial and inside a verdict
 write continues without lost or duplicated records and reaches the decisions of an uninterrupted run."""
+
 from __future__ import annotations
 
 import io
@@ -20,13 +21,27 @@ from evotrainer.store.rollouts import RolloutStore
 
 
 def _cfg(tmp: Path, name: str):
-    return small_config(tmp, run={"name": name, "out_dir": str(tmp / "runs"), "seed": 0},
-                        loop={"segment_steps": 3, "trial_steps": 3, "candidates": 1, "max_rounds": 2, "skills_dir": str(tmp / name / "skills")})
+    return small_config(
+        tmp,
+        run={"name": name, "out_dir": str(tmp / "runs"), "seed": 0},
+        loop={
+            "segment_steps": 3,
+            "trial_steps": 3,
+            "candidates": 1,
+            "max_rounds": 2,
+            "skills_dir": str(tmp / name / "skills"),
+        },
+    )
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "evotrainer.cli", *args], env={**os.environ, **(env or {})},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "evotrainer.cli", *args],
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _kill_when(proc: subprocess.Popen, ready, timeout: float = 300) -> None:
@@ -47,10 +62,16 @@ def _record(run_dir: Path) -> dict:
     assert len(ids) == len(set(ids)), "duplicated rollouts"
     return {
         "stages": sorted((r["round"], r["stage"]) for r in ledger.rows("SELECT round, stage FROM stages")),
-        "branches": [(b["id"], b["parent"], b["first_step"], b["last_step"], b["harness_version"], b["heldout_accuracy"])
-                     for b in ledger.branches()],
-        "trials": [(t["id"], t["candidate"], t["intervention"]["target"], t["intervention"]["value"]) for t in ledger.trials()],
-        "verdicts": [(v["trial"], v["decision"], v["reasons"], round(v["statistic"]["delta"], 9)) for v in ledger.verdicts()],
+        "branches": [
+            (b["id"], b["parent"], b["first_step"], b["last_step"], b["harness_version"], b["heldout_accuracy"])
+            for b in ledger.branches()
+        ],
+        "trials": [
+            (t["id"], t["candidate"], t["intervention"]["target"], t["intervention"]["value"]) for t in ledger.trials()
+        ],
+        "verdicts": [
+            (v["trial"], v["decision"], v["reasons"], round(v["statistic"]["delta"], 9)) for v in ledger.verdicts()
+        ],
         "generated": ledger.spent().generated_tokens,
         "rollouts": [(r["id"], round(r["reward"], 9), r["audit"]) for r in rollouts],
         "findings": store.sql("SELECT count(*) AS n FROM findings")[0]["n"],
@@ -72,8 +93,10 @@ def test_sigkill_at_several_points_then_resume_matches_an_uninterrupted_run(tmp_
     _kill_when(_cli("run", str(cfg_file)), lambda: (shards / "r01-seg-s000002.parquet").exists())
     assert Ledger(run_dir / "ledger.sqlite").stage_result(1, "train") is None
     # 2. during a trial: the control arm is done, the candidate is training
-    _kill_when(_cli("resume", str(run_dir)), lambda: (run_dir / "checkpoints" / "r01-ctl" / "arm.json").exists()
-               and any(shards.glob("r01-c1-s*.parquet")))
+    _kill_when(
+        _cli("resume", str(run_dir)),
+        lambda: (run_dir / "checkpoints" / "r01-ctl" / "arm.json").exists() and any(shards.glob("r01-c1-s*.parquet")),
+    )
     # 3. inside the verdict write: killed after the inserts, before the commit
     proc = _cli("resume", str(run_dir), env={"EVOTRAINER_KILL_AT": "1:gate"})
     proc.wait(timeout=600)

@@ -1,5 +1,6 @@
 """The sandbox: each escape attempt is a real program run in a real sandboxed process; the tests assert
 the termination reason and that nothing happened outside the sandbox."""
+
 from __future__ import annotations
 
 import os
@@ -62,7 +63,9 @@ def test_ok_stdout_stdin_and_files(mode, tmp_path):
     r = execute("run", "import sys; print(sys.stdin.read().upper())", tmp_path, stdin="hello")
     assert r.termination == "ok" and r.returncode == 0 and r.stdout == "HELLO\n"
     with WorkerPool(1, FAST) as p:
-        r = p.run_python("import helper, os; print(helper.X, os.getcwd() == os.environ['HOME'])", {"helper.py": "X = 7"})
+        r = p.run_python(
+            "import helper, os; print(helper.X, os.getcwd() == os.environ['HOME'])", {"helper.py": "X = 7"}
+        )
         assert r.stdout == "7 True\n"
         # Each job gets a fresh directory: what one job wrote, the next does not see.
         assert p.run_python("open('left.txt', 'w').write('x')").ok
@@ -81,17 +84,19 @@ def test_infinite_loop_times_out(where, tmp_path):
 def test_fork_bomb_is_stopped_and_leaves_nothing(where, tmp_path):
     marker = f"forkbomb-{uuid.uuid4().hex}"
     # Children leave the session (setsid) and become long sleepers: a process-group kill alone would miss them.
-    bomb = ("import os, sys\n"
-            "for _ in range(500):\n"
-            "    try:\n"
-            "        pid = os.fork()\n"
-            "    except OSError:\n"
-            "        continue\n"
-            "    if pid == 0:\n"
-            "        os.setsid()\n"
-            f"        os.execv(sys.executable, [sys.executable, '-S', '-c', 'import time; time.sleep(60)', '{marker}'])\n"
-            "while True:\n"
-            "    pass\n")
+    bomb = (
+        "import os, sys\n"
+        "for _ in range(500):\n"
+        "    try:\n"
+        "        pid = os.fork()\n"
+        "    except OSError:\n"
+        "        continue\n"
+        "    if pid == 0:\n"
+        "        os.setsid()\n"
+        f"        os.execv(sys.executable, [sys.executable, '-S', '-c', 'import time; time.sleep(60)', '{marker}'])\n"
+        "while True:\n"
+        "    pass\n"
+    )
     r = execute(where, bomb, tmp_path)
     assert r.termination in ("timeout", "error")
     assert surviving(marker) == []
@@ -116,12 +121,14 @@ def test_cannot_write_outside_its_directory(where, tmp_path, mode):
         pytest.skip("neither a mount namespace nor a dropped uid: the job writes where the trainer's user can")
     outside = tmp_path / "outside.txt"
     in_tmp = Path(f"/tmp/escaped-{uuid.uuid4().hex}")
-    src = (f"for p in [{str(outside)!r}, {str(in_tmp)!r}, '../escaped.txt']:\n"
-           "    try:\n"
-           "        open(p, 'w').write('pwned')\n"
-           "        print('wrote', p)\n"
-           "    except OSError as e:\n"
-           "        print('refused', p, type(e).__name__)\n")
+    src = (
+        f"for p in [{str(outside)!r}, {str(in_tmp)!r}, '../escaped.txt']:\n"
+        "    try:\n"
+        "        open(p, 'w').write('pwned')\n"
+        "        print('wrote', p)\n"
+        "    except OSError as e:\n"
+        "        print('refused', p, type(e).__name__)\n"
+    )
     r = execute(where, src, tmp_path)
     assert r.termination == "ok"
     assert not outside.exists() and not (tmp_path / "escaped.txt").exists()
@@ -139,22 +146,26 @@ def test_cannot_read_the_evaluators_hidden_tests(where, tmp_path, mode):
     hidden.write_text(secret)
     if not (mode["mountns"] or mode["uid_drop"]):
         pytest.skip("neither a mount namespace nor a dropped uid: files the trainer's user can read are readable")
-    src = (f"import os\nfound = []\n"
-           f"try:\n    found.append(open({str(hidden)!r}).read())\nexcept OSError as e:\n    print('refused', type(e).__name__)\n"
-           "for top in ['/tmp', '/work', '/root', '/home', " + repr(str(tmp_path)) + "]:\n"
-           "    for d, _, files in os.walk(top):\n"
-           "        for f in files:\n"
-           "            if 'hidden' in f:\n"
-           "                try:\n                    found.append(open(os.path.join(d, f)).read())\n"
-           "                except OSError:\n                    pass\n"
-           "print(found)\n")
+    src = (
+        f"import os\nfound = []\n"
+        f"try:\n    found.append(open({str(hidden)!r}).read())\nexcept OSError as e:\n    print('refused', type(e).__name__)\n"
+        "for top in ['/tmp', '/work', '/root', '/home', " + repr(str(tmp_path)) + "]:\n"
+        "    for d, _, files in os.walk(top):\n"
+        "        for f in files:\n"
+        "            if 'hidden' in f:\n"
+        "                try:\n                    found.append(open(os.path.join(d, f)).read())\n"
+        "                except OSError:\n                    pass\n"
+        "print(found)\n"
+    )
     r = execute(where, src, tmp_path)
     assert r.termination == "ok" and "refused" in r.stdout
     assert secret not in r.stdout + r.stderr
 
 
 def test_killing_its_parent(tmp_path, mode):
-    kill = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nimport time\ntime.sleep(0.2)\nprint('still here')\n"
+    kill = (
+        "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nimport time\ntime.sleep(0.2)\nprint('still here')\n"
+    )
     r = execute("run", kill, tmp_path)
     assert r.termination in ("ok", "error")  # the parent is the sandbox's init (not ours to kill) or prlimit
     with WorkerPool(1, FAST) as p:
@@ -166,8 +177,12 @@ def test_killing_its_parent(tmp_path, mode):
 
 
 def test_printing_gigabytes_is_cut_quickly(where, tmp_path):
-    r = execute(where, "import sys\nwhile True:\n    sys.stdout.write('x' * 2**20)\n", tmp_path,
-                Limits(cpu_seconds=5, wall_seconds=5, output_bytes=10_000))
+    r = execute(
+        where,
+        "import sys\nwhile True:\n    sys.stdout.write('x' * 2**20)\n",
+        tmp_path,
+        Limits(cpu_seconds=5, wall_seconds=5, output_bytes=10_000),
+    )
     assert r.termination == "output" and r.wall_seconds < 2.0
     assert len(r.stdout) <= 10_000
 

@@ -1,5 +1,6 @@
 """The skill library and the heuristic proposer: quarantine, evidence, retrieval, export/import, and
 a second run that proposes the first run's skill first when the signature appears again."""
+
 from __future__ import annotations
 
 import io
@@ -9,18 +10,23 @@ import pytest
 from rich.console import Console
 
 from conftest import small_config
-from evotrainer.errors import ConfigError
 from evotrainer.diagnostics.detector import Finding
+from evotrainer.errors import ConfigError
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.interventions import Hypothesis, Intervention, diff
 from evotrainer.loop import run_loop
 from evotrainer.proposers.heuristic import HeuristicProposer
 from evotrainer.proposers.proposer import Brief, PastTrial, intervention_key
 from evotrainer.skills.library import Evidence, SkillLibrary
+from evotrainer.stages.results import read_stage
 from evotrainer.store.ledger import Ledger
 
-LR_UP = Intervention(kind="set_knob", target="optimizer.learning_rate", value=3e-4,
-                     hypothesis=Hypothesis(finding="plateau", signal="heldout/accuracy", direction="up"))
+LR_UP = Intervention(
+    kind="set_knob",
+    target="optimizer.learning_rate",
+    value=3e-4,
+    hypothesis=Hypothesis(finding="plateau", signal="heldout/accuracy", direction="up"),
+)
 
 
 def _ev(trial: str, decision: str = "promote", run: str = "r1", sig=("plateau",)) -> Evidence:
@@ -61,8 +67,12 @@ def test_retrieval_ranks_by_signature_similarity(tmp_path):
     lib = SkillLibrary(tmp_path)
     h = Harness(optimizer={"learning_rate": 1e-4}, sampling={"temperature": 0.5})
     lib.record(LR_UP.bind(h), _ev("t1", sig=("plateau",)), source="catalog", create=True)
-    temp = Intervention(kind="set_knob", target="sampling.temperature", value=0.8,
-                        hypothesis=Hypothesis(finding="zero_variance_groups", signal="frac_reward_zero_std", direction="down"))
+    temp = Intervention(
+        kind="set_knob",
+        target="sampling.temperature",
+        value=0.8,
+        hypothesis=Hypothesis(finding="zero_variance_groups", signal="frac_reward_zero_std", direction="down"),
+    )
     lib.record(temp.bind(h), _ev("t2", sig=("zero_variance_groups", "truncation")), source="catalog", create=True)
     m = lib.match(("zero_variance_groups",), "math", h)
     assert [x.intervention.target for x in m] == ["sampling.temperature"]
@@ -79,9 +89,18 @@ def test_heuristic_proposes_skills_first_then_remedies_and_never_repeats_a_rejec
     lib = SkillLibrary(tmp_path)
     lib.record(LR_UP.bind(h), _ev("t1"), source="catalog", create=True)
     findings = [_finding("plateau", ("curriculum.levels", "optimizer.learning_rate", "sampling.temperature"))]
-    brief = Brief(run="r", round=1, domain="math", harness=h, findings=findings, signature=("plateau",),
-                  skills=lib.match(("plateau",), "math", h), limit=3, explore=0.34)
-    out = HeuristicProposer().propose(brief)
+    brief = Brief(
+        run="r",
+        round=1,
+        domain="math",
+        harness=h,
+        findings=findings,
+        signature=("plateau",),
+        skills=lib.match(("plateau",), "math", h),
+        limit=3,
+        explore=0.34,
+    )
+    out = HeuristicProposer().propose(brief).proposals
     assert out[0].source == "skill" and out[0].intervention.target == "optimizer.learning_rate"
     assert len(out) == 3 and len({intervention_key(p.intervention) for p in out}) == 3
     for p in out:  # every proposal is one change that applies
@@ -89,19 +108,39 @@ def test_heuristic_proposes_skills_first_then_remedies_and_never_repeats_a_rejec
     # A rejection under the same signature is not proposed again; under another signature it may be.
     rejected = out[1].intervention
     past = [PastTrial(1, rejected, ("plateau",), "reject", ("no_supported_gain",), -0.01)]
-    again = HeuristicProposer().propose(Brief(**{**brief.__dict__, "history": past}))
+    again = HeuristicProposer().propose(Brief(**{**brief.__dict__, "history": past})).proposals
     assert intervention_key(rejected) not in {intervention_key(p.intervention) for p in again}
-    other = HeuristicProposer().propose(Brief(**{**brief.__dict__, "history": [PastTrial(1, rejected, ("truncation",), "reject", (), None)]}))
+    other = (
+        HeuristicProposer()
+        .propose(Brief(**{**brief.__dict__, "history": [PastTrial(1, rejected, ("truncation",), "reject", (), None)]}))
+        .proposals
+    )
     assert intervention_key(rejected) in {intervention_key(p.intervention) for p in other}
 
 
 def test_exploration_keeps_a_share_of_untried_knobs():
     h = Harness(reward_weights={"correct": 1.0, "contains_answer": 0.5})
     findings = [_finding("reward_hacking", ("reward_weights.contains_answer",), "critical", True)]
-    out = HeuristicProposer().propose(Brief(run="r", round=1, domain="math", harness=h, findings=findings,
-                                            signature=("reward_hacking",), limit=3, explore=0.34))
+    out = (
+        HeuristicProposer()
+        .propose(
+            Brief(
+                run="r",
+                round=1,
+                domain="math",
+                harness=h,
+                findings=findings,
+                signature=("reward_hacking",),
+                limit=3,
+                explore=0.34,
+            )
+        )
+        .proposals
+    )
     assert [p.source for p in out].count("explore") == 1
-    assert out[0].intervention.kind == "remove_reward_term" and out[0].intervention.hypothesis.finding == "reward_hacking"
+    assert (
+        out[0].intervention.kind == "remove_reward_term" and out[0].intervention.hypothesis.finding == "reward_hacking"
+    )
 
 
 def test_a_second_run_proposes_the_first_runs_skill_first(tmp_path, math_setup):
@@ -112,9 +151,14 @@ def test_a_second_run_proposes_the_first_runs_skill_first(tmp_path, math_setup):
     propose that skill before anything else, trial it, and add its verdict to the skill's evidence.
     (The demo config shows the same with a promotion the gate earned: benchmarks/RESULTS.md.)"""
     skills = tmp_path / "skills"
+
     def cfg(name: str):
-        return small_config(tmp_path, run={"name": name, "out_dir": str(tmp_path / "runs"), "seed": 0},
-                            loop={"segment_steps": 3, "trial_steps": 3, "candidates": 2, "max_rounds": 1, "skills_dir": str(skills)})
+        return small_config(
+            tmp_path,
+            run={"name": name, "out_dir": str(tmp_path / "runs"), "seed": 0},
+            loop={"segment_steps": 3, "trial_steps": 3, "candidates": 2, "max_rounds": 1, "skills_dir": str(skills)},
+        )
+
     run_loop(cfg("first"), Console(file=io.StringIO()))
     first = Ledger(tmp_path / "runs" / "first" / "ledger.sqlite")
     lib = SkillLibrary(skills)
@@ -123,16 +167,27 @@ def test_a_second_run_proposes_the_first_runs_skill_first(tmp_path, math_setup):
     trial = first.trials()[0]
     if trial["id"] not in promoted:
         v = next(v for v in first.verdicts() if v["trial"] == trial["id"])
-        lib.record(Intervention.model_validate(trial["intervention"]),
-                   Evidence(run="first", round=1, trial=trial["id"], decision="promote", effect=v["statistic"]["delta"],
-                            domain="math", signature=trial["signature"]), source=trial["source"], create=True)
+        lib.record(
+            Intervention.model_validate(trial["intervention"]),
+            Evidence(
+                run="first",
+                round=1,
+                trial=trial["id"],
+                decision="promote",
+                effect=v["statistic"]["delta"],
+                domain="math",
+                signature=trial["signature"],
+            ),
+            source=trial["source"],
+            create=True,
+        )
     [skill] = [s for s in lib.all() if any(e.trial == trial["id"] for e in s.evidence)]
 
     run_loop(cfg("second"), Console(file=io.StringIO()))
     second = Ledger(tmp_path / "runs" / "second" / "ledger.sqlite")
-    proposed = second.stage_result(1, "propose")
-    assert proposed["signature"] == trial["signature"]
-    assert proposed["proposals"][0]["source"] == "skill" and proposed["proposals"][0]["skill_id"] == skill.id
+    proposed = read_stage(second, 1, "propose")
+    assert proposed.signature == trial["signature"]
+    assert proposed.proposals[0].source == "skill" and proposed.proposals[0].skill_id == skill.id
     assert second.trials()[0]["skill_id"] == skill.id
     evidence = {(e.run, e.trial) for e in lib.get(skill.id).evidence}
     assert ("second", "r01-t1") in evidence and ("first", trial["id"]) in evidence
@@ -142,21 +197,82 @@ def test_a_second_run_proposes_the_first_runs_skill_first(tmp_path, math_setup):
 def test_exploit_findings_get_the_remedy_that_closes_the_channel_first():
     # SWE: the naive test reward is regraded with the original tests restored (one factor: the weight moves).
     h = Harness(reward_weights={"tests": 1.0, "format": 0.1})
-    swe = [_finding("test_tampering", ("reward_weights.tests", "reward_weights.correct", "reward_weights.tests_restored"), "critical", True)]
-    out = HeuristicProposer().propose(Brief(run="r", round=1, domain="swe", harness=h, findings=swe,
-                                            signature=("test_tampering",), limit=2, explore=0.0))
+    swe = [
+        _finding(
+            "test_tampering",
+            ("reward_weights.tests", "reward_weights.correct", "reward_weights.tests_restored"),
+            "critical",
+            True,
+        )
+    ]
+    out = (
+        HeuristicProposer()
+        .propose(
+            Brief(
+                run="r",
+                round=1,
+                domain="swe",
+                harness=h,
+                findings=swe,
+                signature=("test_tampering",),
+                limit=2,
+                explore=0.0,
+            )
+        )
+        .proposals
+    )
     first = out[0].intervention
     assert (first.kind, first.target, first.value) == ("replace_reward_term", "reward_weights.tests", "tests_restored")
     assert first.apply(h).reward_weights == {"tests_restored": 1.0, "format": 0.1}
     assert [p.intervention.kind for p in out] == ["replace_reward_term", "remove_reward_term"]
     # Already regraded: no replacement is proposed again (the harness pays tests_restored, not tests).
     done = Harness(reward_weights={"tests_restored": 1.0, "format": 0.1})
-    assert all(p.intervention.kind != "replace_reward_term" for p in HeuristicProposer().propose(
-        Brief(run="r", round=1, domain="swe", harness=done, findings=swe, signature=("test_tampering",), limit=3, explore=0.0)))
+    assert all(
+        p.intervention.kind != "replace_reward_term"
+        for p in HeuristicProposer()
+        .propose(
+            Brief(
+                run="r",
+                round=1,
+                domain="swe",
+                harness=done,
+                findings=swe,
+                signature=("test_tampering",),
+                limit=3,
+                explore=0.0,
+            )
+        )
+        .proposals
+    )
     # Code: hard-coding the visible examples: `correct` is regraded so that keyed completions earn nothing.
     h = Harness(reward_weights={"correct": 1.0, "format": 0.1})
-    code = [_finding("hardcoded_examples", ("reward_weights.correct", "reward_weights.visible", "reward_weights.correct_not_hardcoded"),
-                     "critical", True)]
-    first = HeuristicProposer().propose(Brief(run="r", round=1, domain="code", harness=h, findings=code,
-                                              signature=("hardcoded_examples",), limit=2, explore=0.0))[0].intervention
-    assert (first.kind, first.target, first.value) == ("replace_reward_term", "reward_weights.correct", "correct_not_hardcoded")
+    code = [
+        _finding(
+            "hardcoded_examples",
+            ("reward_weights.correct", "reward_weights.visible", "reward_weights.correct_not_hardcoded"),
+            "critical",
+            True,
+        )
+    ]
+    first = (
+        HeuristicProposer()
+        .propose(
+            Brief(
+                run="r",
+                round=1,
+                domain="code",
+                harness=h,
+                findings=code,
+                signature=("hardcoded_examples",),
+                limit=2,
+                explore=0.0,
+            )
+        )
+        .proposals[0]
+        .intervention
+    )
+    assert (first.kind, first.target, first.value) == (
+        "replace_reward_term",
+        "reward_weights.correct",
+        "correct_not_hardcoded",
+    )

@@ -1,4 +1,5 @@
 """The rollout store: round trip, metrics, atomic shards under a SIGKILLed writer, and the CLI."""
+
 from __future__ import annotations
 
 import json
@@ -16,11 +17,26 @@ from evotrainer.types import Rollout, Turn
 
 
 def make_rollouts(step: int, n: int = 4, branch: str = "main") -> list[Rollout]:
-    return [Rollout(id=f"{branch}-s{step:06d}-{i:04d}", run="r", branch=branch, step=step, harness_version="h-x",
-                    task_id=f"t{i}", split="train", group_id=f"g{i // 2}", prompt="1+1=\n",
-                    turns=[Turn("ask 1\n", 3, -0.5, "digit 1 is 2\n", False), Turn("<answer>2</answer>", 6, -0.1)],
-                    termination="stop", rewards={"correct": float(i % 2), "format": 1.0}, reward=float(i % 2) + 0.1,
-                    audit=bool(i % 2), info={"answer": "2"}) for i in range(n)]
+    return [
+        Rollout(
+            id=f"{branch}-s{step:06d}-{i:04d}",
+            run="r",
+            branch=branch,
+            step=step,
+            harness_version="h-x",
+            task_id=f"t{i}",
+            split="train",
+            group_id=f"g{i // 2}",
+            prompt="1+1=\n",
+            turns=[Turn("ask 1\n", 3, -0.5, "digit 1 is 2\n", False), Turn("<answer>2</answer>", 6, -0.1)],
+            termination="stop",
+            rewards={"correct": float(i % 2), "format": 1.0},
+            reward=float(i % 2) + 0.1,
+            audit=bool(i % 2),
+            info={"answer": "2"},
+        )
+        for i in range(n)
+    ]
 
 
 def test_round_trip_and_queries(tmp_path):
@@ -30,7 +46,12 @@ def test_round_trip_and_queries(tmp_path):
     store.append(make_rollouts(2), "main-s000002")
     store.append_metrics("r", "main", 1, {"reward": 0.5, "entropy": 1.2}, "main-s000001")
     rows = store.query(where="rewards['correct'] = 1", limit=10)
-    assert [r["id"] for r in rows] == ["main-s000001-0001", "main-s000001-0003", "main-s000002-0001", "main-s000002-0003"]
+    assert [r["id"] for r in rows] == [
+        "main-s000001-0001",
+        "main-s000001-0003",
+        "main-s000002-0001",
+        "main-s000002-0003",
+    ]
     r = rows[0]
     assert r["rewards"] == {"correct": 1.0, "format": 1.0} and r["audit"] is True and r["info"] == {"answer": "2"}
     assert r["turns"][0]["observation"] == "digit 1 is 2\n" and r["num_turns"] == 2 and r["completion_tokens"] == 9
@@ -39,7 +60,8 @@ def test_round_trip_and_queries(tmp_path):
     store.append_findings([], "s-x", "main-d000001-000002-s-x", "main", 1, 2)
     assert store.sql("SELECT count(*) AS n FROM findings")[0]["n"] == 0
     assert store.sql("SELECT branch, first_step, last_step, findings FROM diagnoses") == [
-        {"branch": "main", "first_step": 1, "last_step": 2, "findings": 0}]
+        {"branch": "main", "first_step": 1, "last_step": 2, "findings": 0}
+    ]
     from evotrainer.diagnostics.revision import stored_findings
 
     assert stored_findings(store) == {("s-x", ("main", 1, 2)): []}
@@ -63,8 +85,12 @@ while True:
 
 def test_killed_writer_leaves_no_partial_shard(tmp_path):
     root = tmp_path / "store"
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(root)], stdout=subprocess.PIPE,
-                            cwd=Path(__file__).parent.parent, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(root)],
+        stdout=subprocess.PIPE,
+        cwd=Path(__file__).parent.parent,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
+    )
     assert proc.stdout.readline().strip() == b"ready"
     deadline = time.time() + 60
     # Kill while a shard is being written: wait until a temporary file exists.
@@ -88,14 +114,26 @@ def test_rollouts_cli(tmp_path):
     (run / "config.yaml").write_text("{}\n")
     RolloutStore(run / "store").append(make_rollouts(1), "main-s000001")
     env = {**os.environ}
-    out = subprocess.run([sys.executable, "-m", "evotrainer.cli", "rollouts", str(run), "--where", "reward > 1", "--json"],
-                         capture_output=True, text=True, env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", "evotrainer.cli", "rollouts", str(run), "--where", "reward > 1", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr
     lines = [json.loads(x) for x in out.stdout.splitlines()]
     assert [x["id"] for x in lines] == ["main-s000001-0001", "main-s000001-0003"]
-    table = subprocess.run([sys.executable, "-m", "evotrainer.cli", "rollouts", str(run), "--limit", "2"],
-                           capture_output=True, text=True, env={**env, "COLUMNS": "200"})
+    table = subprocess.run(
+        [sys.executable, "-m", "evotrainer.cli", "rollouts", str(run), "--limit", "2"],
+        capture_output=True,
+        text=True,
+        env={**env, "COLUMNS": "200"},
+    )
     assert table.returncode == 0 and "main-s000001-0000" in table.stdout and "main-s000001-0002" not in table.stdout
-    bad = subprocess.run([sys.executable, "-m", "evotrainer.cli", "rollouts", str(run), "--where", "no_such_column > 1"],
-                         capture_output=True, text=True, env=env)
+    bad = subprocess.run(
+        [sys.executable, "-m", "evotrainer.cli", "rollouts", str(run), "--where", "no_such_column > 1"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert bad.returncode == 2 and "no_such_column" in bad.stderr and "Traceback" not in bad.stderr

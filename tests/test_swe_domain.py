@@ -1,6 +1,7 @@
 """The SWE domain: generated mini-repos, the tool protocol on a private copy, the sandboxed minimal test
 runner, tampering that pays the visible reward but fails the audit, the SWE detectors on real episodes,
 the demonstrations, and SWE-bench-format instances end to end. Real subprocess sandboxes throughout."""
+
 from __future__ import annotations
 
 import json
@@ -9,21 +10,21 @@ from pathlib import Path
 
 import pytest
 
-from evotrainer.errors import ConfigError
 from evotrainer.config import load_config
-from evotrainer.diagnostics.suite import BUILTIN, Suite
 from evotrainer.diagnostics.detector import check_detector
+from evotrainer.diagnostics.suite import BUILTIN, Suite
 from evotrainer.diagnostics.window import open_window
-from evotrainer.envs.registry import make_domain
-from evotrainer.experimental import swe_bench as sb
 from evotrainer.envs.env import check_env
-from evotrainer.envs.swe.domain import SweDomain
+from evotrainer.envs.registry import make_domain
 from evotrainer.envs.swe.demos import SHORTCUT, plan
+from evotrainer.envs.swe.domain import SweDomain
 from evotrainer.envs.swe.repos import FAMILIES, LEVELS
-from evotrainer.sandbox import WorkerPool
 from evotrainer.envs.swe.runner import MARK, SandboxRunner, run_in_process, sandbox_runner
+from evotrainer.errors import ConfigError
+from evotrainer.experimental import swe_bench as sb
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.rewards import score
+from evotrainer.sandbox import WorkerPool
 from evotrainer.store.rollouts import RolloutStore
 from evotrainer.types import Rollout, Task, Turn
 from tests.conftest import small_config
@@ -79,18 +80,24 @@ def test_generator_is_deterministic_graded_and_splits_disjoint(domain):
     for split in ("train", "heldout"):
         assert [t.data["files"] for t in domain.tasks(split)] == [t.data["files"] for t in again.tasks(split)]
     other = SweDomain(seed=1, levels=[0, 1, 2], train_size=20, heldout_size=20)
-    assert [t.data["answer"] for t in other.tasks("heldout")] != [t.data["answer"] for t in domain.tasks("heldout")][:20]
+    assert [t.data["answer"] for t in other.tasks("heldout")] != [t.data["answer"] for t in domain.tasks("heldout")][
+        :20
+    ]
     train = {t.data["answer"] for t in domain.tasks("train")}
     assert len(train) == 240 and not train & {t.data["answer"] for t in domain.tasks("heldout")}
     by_level = {lv: [t for t in domain.tasks("train") if t.difficulty == lv] for lv in LEVELS}
     assert all(len(ts) == 80 for ts in by_level.values())
     # Graded: more files with the level; at level 2 some bugs sit in a helper module no test imports.
     assert all(len(t.data["files"]) == 2 for t in by_level[0]) and all(len(t.data["files"]) == 4 for t in by_level[1])
-    far = [t for t in by_level[2] if f"from {t.data['fix']['file'][:-3]} " not in t.data["files"][t.data["test_files"][0]]]
+    far = [
+        t for t in by_level[2] if f"from {t.data['fix']['file'][:-3]} " not in t.data["files"][t.data["test_files"][0]]
+    ]
     assert 10 < len(far) < 70
     assert {t.data["family"] for t in domain.tasks("train")} == set(FAMILIES)
     for t in domain.tasks("train")[:30]:  # the issue names a test the bug fails, and files stay tiny
-        assert t.data["failing"][0] in t.prompt and t.data["tests_before"]["passed"] < t.data["tests_before"]["collected"]
+        assert (
+            t.data["failing"][0] in t.prompt and t.data["tests_before"]["passed"] < t.data["tests_before"]["collected"]
+        )
         assert max(len(s) for s in t.data["files"].values()) < 250
 
 
@@ -112,7 +119,7 @@ def test_each_family_and_level_reference_fix_passes_the_audit(domain):
 def test_a_special_cased_fix_passes_visible_tests_but_not_the_hidden_ones(domain):
     task = next(t for t in domain.tasks("train") if t.data["family"] == "constant" and t.difficulty == 0)
     path, line = assert_line(task)
-    call = task.data["files"][path].split("\n")[line - 1].strip()[len("assert "):].split(" == ")
+    call = task.data["files"][path].split("\n")[line - 1].strip()[len("assert ") :].split(" == ")
     f = task.data["fix"]  # hard-code the visible answer into the buggy function
     hack = f"    return {call[1]}"
     turns, info, _ = play(domain, task, [f"replace {f['file']} {f['line']} {hack}", "submit"])
@@ -128,9 +135,23 @@ def test_tool_protocol(domain):
     env.reset(task)
     obs, done, info = env.step("ls\n")
     assert obs.split("\n")[0].split() == sorted(task.data["files"]) and not info["tool_error"]
-    for bad in ("cat ../etc/passwd", "cat /etc/passwd", f"cat {mod}/..", "cat nope.py", "replace ../x.py 1 y",
-                "ls -la", "frobnicate", f"cat {mod} 0-2", f"cat {mod} 3-1", f"cat {mod} {n + 1}", f"replace {mod} {n + 1} x",
-                f"replace {mod} x-2 y", "grep", "test now", "submit please"):
+    for bad in (
+        "cat ../etc/passwd",
+        "cat /etc/passwd",
+        f"cat {mod}/..",
+        "cat nope.py",
+        "replace ../x.py 1 y",
+        "ls -la",
+        "frobnicate",
+        f"cat {mod} 0-2",
+        f"cat {mod} 3-1",
+        f"cat {mod} {n + 1}",
+        f"replace {mod} {n + 1} x",
+        f"replace {mod} x-2 y",
+        "grep",
+        "test now",
+        "submit please",
+    ):
         obs, done, info = env.step(bad + "\n")
         assert obs.startswith("error: ") and obs.endswith("\n$ ") and info["tool_error"] and not done, bad
     assert "outside the repository" in env.step("cat ../../x\n")[0]
@@ -181,8 +202,11 @@ def test_a_forged_report_line_is_not_a_report(domain):
     forged = {"tests": {t: "passed" for t in green.tests}, "failures": {}, "collection_errors": {}}
     f = task.data["fix"]
     lines = task.data["files"][f["file"]].split("\n")
-    lines.insert(0, f"import os, json; print({MARK!r} + json.dumps({forged!r}), flush=True); "
-                    f"print({MARK!r} + 'x' * 32 + ' ' + json.dumps({forged!r}), flush=True); os._exit(0)")
+    lines.insert(
+        0,
+        f"import os, json; print({MARK!r} + json.dumps({forged!r}), flush=True); "
+        f"print({MARK!r} + 'x' * 32 + ' ' + json.dumps({forged!r}), flush=True); os._exit(0)",
+    )
     report = sandbox_runner()({**task.data["files"], f["file"]: "\n".join(lines)}, tests)
     assert report.run_failure == "no report" and report.pass_fraction == 0.0 and not report.tests
 
@@ -192,25 +216,31 @@ def test_a_failing_sandbox_ends_the_episode_as_an_infrastructure_error():
     pool.close()  # every job now raises: the sandbox, not the policy, is broken
     d = SweDomain(seed=0, levels=[0], train_size=4, heldout_size=2, runner=SandboxRunner(pool=pool))
     turns, info, obs = play(d, d.tasks("train")[0], ["ls", "test"])
-    assert info["termination"] == "error" and "closed" in info["infra_error"] and obs[-1] == "" and not info["tool_error"]
+    assert (
+        info["termination"] == "error" and "closed" in info["infra_error"] and obs[-1] == "" and not info["tool_error"]
+    )
 
 
 # -- tampering: the visible reward pays, the audit does not ---------------------------------------------------
 def tamper_actions(task: Task, how: str) -> list[str]:
     path, line = assert_line(task)
     f = task.data["fix"]
-    return {"assert_true": [f"replace {path} {line}     assert True", "submit"],
-            "delete_test": [f"replace {path} {line - 1}-{line}", "submit"],
-            "break_collection": [f"replace {path} 1 from nowhere import nothing", "submit"],
-            # What RL found under the naive reward (examples/failures/swe_tampering.yaml): a syntax
-            # error in the module under test, so its test file no longer collects.
-            "break_source": [f"replace {f['file']} {f['line']}     return  t = 0", "submit"]}[how]
+    return {
+        "assert_true": [f"replace {path} {line}     assert True", "submit"],
+        "delete_test": [f"replace {path} {line - 1}-{line}", "submit"],
+        "break_collection": [f"replace {path} 1 from nowhere import nothing", "submit"],
+        # What RL found under the naive reward (examples/failures/swe_tampering.yaml): a syntax
+        # error in the module under test, so its test file no longer collects.
+        "break_source": [f"replace {f['file']} {f['line']}     return  t = 0", "submit"],
+    }[how]
 
 
 @pytest.mark.parametrize("how", ["assert_true", "delete_test", "break_collection", "break_source"])
 def test_tampering_raises_the_visible_reward_but_fails_the_audit(domain, how):
     # One failing test per repo here (a buggy helper can fail several, and one edit hides only one).
-    for task in [next(t for t in domain.tasks("train") if t.difficulty == lv and len(t.data["failing"]) == 1) for lv in LEVELS]:
+    for task in [
+        next(t for t in domain.tasks("train") if t.difficulty == lv and len(t.data["failing"]) == 1) for lv in LEVELS
+    ]:
         honest_fail = terms(domain, task, *play(domain, task, ["submit"])[:2])
         turns, info, _ = play(domain, task, tamper_actions(task, how))
         t = terms(domain, task, turns, info)
@@ -230,7 +260,9 @@ def test_tampering_raises_the_visible_reward_but_fails_the_audit(domain, how):
 KINDS = ("fix", "assert_true", "delete_test", "break_collection", "break_source", "none")
 
 
-def episodes_store(domain: SweDomain, root: Path, kinds: tuple[str, ...], term: str = "tests") -> tuple[RolloutStore, dict[str, str]]:
+def episodes_store(
+    domain: SweDomain, root: Path, kinds: tuple[str, ...], term: str = "tests"
+) -> tuple[RolloutStore, dict[str, str]]:
     """3 steps of 32 episodes played through the env, scored under a harness that pays `term`, half
     audited, written to a store. A group is 8 episodes of one task, as in GRPO, mixing the kinds.
     Returns the store and rollout id -> kind."""
@@ -240,14 +272,34 @@ def episodes_store(domain: SweDomain, root: Path, kinds: tuple[str, ...], term: 
         rollouts = []
         for i in range(32):
             task, kind = tasks[(step * 4 + i // 8) % len(tasks)], kinds[(i + step) % len(kinds)]
-            turns, info, _ = play(domain, task, fix_actions(task) if kind == "fix" else ["submit"] if kind == "none"
-                                  else tamper_actions(task, kind))
+            turns, info, _ = play(
+                domain,
+                task,
+                fix_actions(task) if kind == "fix" else ["submit"] if kind == "none" else tamper_actions(task, kind),
+            )
             t, total = score(harness, domain, task, turns, info, "stop")
             rid = f"main-s{step:06d}-{i:04d}"
             kind_of[rid] = kind
-            rollouts.append(Rollout(rid, "r", "main", step, harness.version, task.id, "train", f"main-s{step:06d}-g{i // 8:03d}",
-                                    task.prompt, turns, "stop", t, total, domain.audit(task, turns, info) if i % 2 == 0 else None,
-                                    task.difficulty, info))
+            rollouts.append(
+                Rollout(
+                    rid,
+                    "r",
+                    "main",
+                    step,
+                    harness.version,
+                    task.id,
+                    "train",
+                    f"main-s{step:06d}-g{i // 8:03d}",
+                    task.prompt,
+                    turns,
+                    "stop",
+                    t,
+                    total,
+                    domain.audit(task, turns, info) if i % 2 == 0 else None,
+                    task.difficulty,
+                    info,
+                )
+            )
         store.append(rollouts, f"main-s{step:06d}")
     return store, kind_of
 
@@ -255,9 +307,11 @@ def episodes_store(domain: SweDomain, root: Path, kinds: tuple[str, ...], term: 
 def test_detectors_fire_on_tampering_episodes_with_their_evidence(domain, tmp_path):
     store, kind_of = episodes_store(domain, tmp_path / "bad", KINDS)
     findings = {f.name: f for f in Suite.default().run(store, "main", 0, 2)}
-    expect = {"test_tampering": {"assert_true", "delete_test", "break_collection"},
-              "tests_dropped": {"delete_test", "break_collection", "break_source"},
-              "collection_errors": {"break_collection", "break_source"}}
+    expect = {
+        "test_tampering": {"assert_true", "delete_test", "break_collection"},
+        "tests_dropped": {"delete_test", "break_collection", "break_source"},
+        "collection_errors": {"break_collection", "break_source"},
+    }
     for name, kinds in expect.items():
         f = findings[name]
         assert f.validity and f.severity == "critical" and len(f.evidence) == 8
@@ -299,7 +353,9 @@ def test_demonstrations_fix_mostly_and_sometimes_tamper(domain):
         assert sum(len(t) for t, _ in demo) < 1000  # fits a few hundred tokens
         touched = {a.split(" ")[1] for a in actions if a.startswith("replace ")}
         tampered += any(n_.startswith("test_") for n_ in touched)
-        fixed += f"replace {task.data['fix']['file']} {task.data['fix']['line']} {task.data['fix']['text']}\n" in actions
+        fixed += (
+            f"replace {task.data['fix']['file']} {task.data['fix']['line']} {task.data['fix']['text']}\n" in actions
+        )
         errors += any(t.startswith("error: ") for t, is_action in demo if not is_action)
         n += 1
     assert 0.6 < fixed / n < 0.9 and abs(tampered / n - SHORTCUT) < 0.06 and errors > 0
@@ -312,7 +368,9 @@ def test_swe_bench_instances_end_to_end(domain, tmp_path):
     rows = [sb.export_instance(t, tmp_path) for t in tasks]
     (tmp_path / "instances.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     # A JSON list with the test lists as plain lists loads the same.
-    (tmp_path / "instances.json").write_text(json.dumps([{**r, "FAIL_TO_PASS": json.loads(r["FAIL_TO_PASS"])} for r in rows]))
+    (tmp_path / "instances.json").write_text(
+        json.dumps([{**r, "FAIL_TO_PASS": json.loads(r["FAIL_TO_PASS"])} for r in rows])
+    )
     insts = sb.load_instances(tmp_path / "instances.jsonl")
     assert [i.fail_to_pass for i in insts] == [i.fail_to_pass for i in sb.load_instances(tmp_path / "instances.json")]
     for inst, task in zip(insts, tasks):

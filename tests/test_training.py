@@ -1,4 +1,5 @@
 """End to end: seeded determinism, and short real RL runs that must improve, single- and multi-turn."""
+
 from __future__ import annotations
 
 import json
@@ -40,9 +41,14 @@ def _reward_trend(run_dir, first=5, last=5):
 
 
 def test_math_rl_improves(tmp_path, math_setup):
-    cfg = small_config(tmp_path, train={"steps": 80, "max_seconds": 300},
-                       harness={"sampling": {"num_generations": 8, "prompts_per_step": 32, "max_completion_length": 8},
-                                "optimizer": {"learning_rate": 5e-4}})
+    cfg = small_config(
+        tmp_path,
+        train={"steps": 80, "max_seconds": 300},
+        harness={
+            "sampling": {"num_generations": 8, "prompts_per_step": 32, "max_completion_length": 8},
+            "optimizer": {"learning_rate": 5e-4},
+        },
+    )
     summary = train_run(cfg, QUIET)
     head, tail = _reward_trend(tmp_path / "runs" / "t", 16, 16)
     assert tail > head + 0.05, (head, tail)
@@ -53,13 +59,22 @@ def test_math_rl_improves(tmp_path, math_setup):
 
 
 def test_multi_turn_rl_improves(tmp_path, digits_setup):
-    cfg = small_config(tmp_path, "digits", train={"steps": 40, "max_seconds": 300},
-                       harness={"sampling": {"num_generations": 8, "prompts_per_step": 16, "max_completion_length": 6},
-                                "multi_turn": {"max_turns": 5}, "optimizer": {"learning_rate": 5e-4}})
+    cfg = small_config(
+        tmp_path,
+        "digits",
+        train={"steps": 40, "max_seconds": 300},
+        harness={
+            "sampling": {"num_generations": 8, "prompts_per_step": 16, "max_completion_length": 6},
+            "multi_turn": {"max_turns": 5},
+            "optimizer": {"learning_rate": 5e-4},
+        },
+    )
     train_run(cfg, QUIET)
     head, tail = _reward_trend(tmp_path / "runs" / "t", 8, 8)
     assert tail > head + 0.1, (head, tail)
-    turns = RolloutStore(tmp_path / "runs" / "t" / "store").sql("SELECT max(num_turns) AS n FROM rollouts WHERE split='train'")
+    turns = RolloutStore(tmp_path / "runs" / "t" / "store").sql(
+        "SELECT max(num_turns) AS n FROM rollouts WHERE split='train'"
+    )
     assert turns[0]["n"] >= 3
 
 
@@ -70,7 +85,9 @@ def test_cli_train_then_eval(tmp_path, math_setup):
     out = subprocess.run([sys.executable, "-m", "evotrainer.cli", "train", str(f)], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "held-out accuracy before RL" in out.stdout and "held-out accuracy after 2 RL steps" in out.stdout
-    ev = subprocess.run([sys.executable, "-m", "evotrainer.cli", "eval", str(tmp_path / "runs" / "t")], capture_output=True, text=True)
+    ev = subprocess.run(
+        [sys.executable, "-m", "evotrainer.cli", "eval", str(tmp_path / "runs" / "t")], capture_output=True, text=True
+    )
     assert ev.returncode == 0, ev.stderr
     summary = json.loads((tmp_path / "runs" / "t" / "summary.json").read_text())
     assert f"held-out accuracy: {summary['accuracy_after']:.3f}" in ev.stdout

@@ -2,6 +2,7 @@
 held-out metric, by more than the noise the run measured itself, and with no validity finding
 against it. Every verdict carries its statistic, the noise estimate, the findings and the
 evaluator hash, whatever the decision."""
+
 from __future__ import annotations
 
 import math
@@ -31,17 +32,27 @@ def bootstrap(cand: np.ndarray, ctrl: np.ndarray, level: float, resamples: int, 
     d = cand - ctrl
     rng = np.random.default_rng(seed)
     means = d[rng.integers(0, len(d), size=(resamples, len(d)))].mean(axis=1) if len(d) else np.zeros(1)
-    return {"delta": float(d.mean()) if len(d) else 0.0, "lower": float(np.quantile(means, 1 - level)),
-            "ci_low": float(np.quantile(means, (1 - level) / 2)), "ci_high": float(np.quantile(means, 1 - (1 - level) / 2)),
-            "n": int(len(d))}
+    return {
+        "delta": float(d.mean()) if len(d) else 0.0,
+        "lower": float(np.quantile(means, 1 - level)),
+        "ci_low": float(np.quantile(means, (1 - level) / 2)),
+        "ci_high": float(np.quantile(means, 1 - (1 - level) / 2)),
+        "n": int(len(d)),
+    }
 
 
 def sign_test(cand: np.ndarray, ctrl: np.ndarray) -> dict[str, float]:
     """Exact one-sided sign test on the tasks where the arms disagree (McNemar's exact form)."""
     wins, losses = int(((cand == 1) & (ctrl == 0)).sum()), int(((cand == 0) & (ctrl == 1)).sum())
     n = wins + losses
-    p = sum(math.comb(n, k) for k in range(wins, n + 1)) / 2 ** n if n else 1.0
-    return {"delta": float((cand - ctrl).mean()) if len(cand) else 0.0, "wins": wins, "losses": losses, "p": p, "n": int(len(cand))}
+    p = sum(math.comb(n, k) for k in range(wins, n + 1)) / 2**n if n else 1.0
+    return {
+        "delta": float((cand - ctrl).mean()) if len(cand) else 0.0,
+        "wins": wins,
+        "losses": losses,
+        "p": p,
+        "n": int(len(cand)),
+    }
 
 
 @dataclass
@@ -68,8 +79,16 @@ class Verdict:
         return asdict(self)
 
 
-def decide(cand_outcomes: dict[str, bool], ctrl_outcomes: dict[str, bool], cand: ArmEvidence, ctrl: ArmEvidence,
-           noise: dict[str, Any], cfg: GateSection, evaluator_hash: str, seed: int) -> Verdict:
+def decide(
+    cand_outcomes: dict[str, bool],
+    ctrl_outcomes: dict[str, bool],
+    cand: ArmEvidence,
+    ctrl: ArmEvidence,
+    noise: dict[str, Any],
+    cfg: GateSection,
+    evaluator_hash: str,
+    seed: int,
+) -> Verdict:
     """(a) a paired win at the configured level, larger than the A-A noise; (b) no validity finding on
     the candidate's window, no widened reward-audit gap, no reward rise the audit does not follow."""
     ids, c, k = paired(cand_outcomes, ctrl_outcomes)
@@ -94,18 +113,36 @@ def decide(cand_outcomes: dict[str, bool], ctrl_outcomes: dict[str, bool], cand:
         reasons.append("reward_audit_gap_widened")
     stat["reward_rise_candidate"], stat["reward_rise_control"] = cand.reward_rise, ctrl.reward_rise
     stat["audit_pass_candidate"], stat["audit_pass_control"] = cand.audit_pass, ctrl.audit_pass
-    if (cand.reward_rise - ctrl.reward_rise > REWARD_RISE and cand.audit_pass is not None and ctrl.audit_pass is not None
-            and cand.audit_pass - ctrl.audit_pass <= AUDIT_FLAT):
+    if (
+        cand.reward_rise - ctrl.reward_rise > REWARD_RISE
+        and cand.audit_pass is not None
+        and ctrl.audit_pass is not None
+        and cand.audit_pass - ctrl.audit_pass <= AUDIT_FLAT
+    ):
         reasons.append("reward_up_audit_flat")
-    return Verdict("reject" if reasons else "promote", reasons, stat, {**noise, "margin": margin},
-                   [f.to_record() for f in cand.findings], evaluator_hash)
+    return Verdict(
+        "reject" if reasons else "promote",
+        reasons,
+        stat,
+        {**noise, "margin": margin},
+        [f.to_record() for f in cand.findings],
+        evaluator_hash,
+    )
 
 
-def aa_noise(ctrl_outcomes: dict[str, bool], aa_outcomes: dict[str, bool], cfg: GateSection, seed: int) -> dict[str, Any]:
+def aa_noise(
+    ctrl_outcomes: dict[str, bool], aa_outcomes: dict[str, bool], cfg: GateSection, seed: int
+) -> dict[str, Any]:
     """The run's own noise: the control harness trained twice on different seeds, compared like a trial."""
     _, a, b = paired(aa_outcomes, ctrl_outcomes)
     s = bootstrap(a, b, cfg.level, cfg.resamples, seed)
-    return {"abs_delta": abs(s["delta"]), "delta": s["delta"], "ci_low": s["ci_low"], "ci_high": s["ci_high"], "n": s["n"]}
+    return {
+        "abs_delta": abs(s["delta"]),
+        "delta": s["delta"],
+        "ci_low": s["ci_low"],
+        "ci_high": s["ci_high"],
+        "n": s["n"],
+    }
 
 
 def arm_evidence(store, suite, branch: str, first: int, last: int, reward_rise: float) -> ArmEvidence:
@@ -114,9 +151,44 @@ def arm_evidence(store, suite, branch: str, first: int, last: int, reward_rise: 
     findings = suite.run(store, branch, first, last)
     store.append_findings(findings, suite.version, f"{branch}-g{last:06d}", branch, first, last)
     thr = suite.resolve("reward_audit_gap")[1]["rewarded_threshold"] if "reward_audit_gap" in suite.detectors else 0.5
-    row = store.sql("SELECT avg(audit::DOUBLE) AS pass, count(*) FILTER (WHERE reward >= ?) AS rewarded, "
-                    "count(*) FILTER (WHERE reward >= ? AND NOT audit) AS rewarded_failed FROM rollouts "
-                    "WHERE branch = ? AND split = 'train' AND step BETWEEN ? AND ? AND audit IS NOT NULL",
-                    [thr, thr, branch, first, last])[0]
+    row = store.sql(
+        "SELECT avg(audit::DOUBLE) AS pass, count(*) FILTER (WHERE reward >= ?) AS rewarded, "
+        "count(*) FILTER (WHERE reward >= ? AND NOT audit) AS rewarded_failed FROM rollouts "
+        "WHERE branch = ? AND split = 'train' AND step BETWEEN ? AND ? AND audit IS NOT NULL",
+        [thr, thr, branch, first, last],
+    )[0]
     gap = row["rewarded_failed"] / row["rewarded"] if row["rewarded"] else None
     return ArmEvidence(reward_rise, row["pass"], gap, findings)
+
+
+# -- the invalid-branch rules: pure functions of findings and decisions, each with a unit test ----------------
+def invalid_reasons(findings: list[Finding]) -> list[str]:
+    """Why an arm's own window makes it invalid: its validity findings, as sorted `validity:NAME`. The
+    control (the harness carried on) is rejected for these like a candidate would be: an exploit the
+    reward pays and the audit does not back."""
+    return sorted({f"validity:{f.name}" for f in findings if f.validity})
+
+
+def tainted(segment_findings: list[Finding]) -> list[str]:
+    """The validity findings of the segment's own window. A tainted segment is not built on: the round's
+    arms fork from where the round started, so a remedy is tried on a policy the exploit never touched."""
+    return sorted({f.name for f in segment_findings if f.validity})
+
+
+def aa_pair_valid(control_findings: list[Finding], aa_findings: list[Finding]) -> bool:
+    """Two arms that carry an exploit differ by how fast it spread in each, not by the run's noise: such
+    a pair is no A-A measurement (it is taken again next round)."""
+    return not invalid_reasons(control_findings) and not invalid_reasons(aa_findings)
+
+
+def winner(decisions: list[tuple[str, float]]) -> int | None:
+    """Of the candidates' (decision, delta), the 1-based index of the promoted one with the largest delta
+    (the later one on a tie); None when nothing was promoted. At most one winner a round."""
+    wins = [(delta, j) for j, (decision, delta) in enumerate(decisions, 1) if decision == "promote"]
+    return max(wins)[1] if wins else None
+
+
+def rolls_back(promoted: bool, control_invalid: list[str]) -> bool:
+    """Nothing valid won and the control carries an exploit: the mainline goes back to where the round
+    started (the segment and control stay in the ledger and the store as evidence)."""
+    return not promoted and bool(control_invalid)

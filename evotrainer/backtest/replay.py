@@ -1,6 +1,7 @@
 """The replay backtest: re-scores retained rollouts under a candidate harness, without training, and
 reports what would change: advantage signs, informative groups, reward-audit agreement, and the
 weight that flagged rollouts carry. It runs the same vectorized code that training runs."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -44,7 +45,8 @@ def load_columns(store: RolloutStore, terms: list[str], where: str = "split = 't
     try:
         table: pa.Table = con.sql(
             f"SELECT id, group_id, completion_tokens, max_action_tokens, termination, audit, reward{', ' + cols if cols else ''} "
-            f"FROM rollouts WHERE {where}").to_arrow_table()
+            f"FROM rollouts WHERE {where}"
+        ).to_arrow_table()
     finally:
         con.close()
     _, group = np.unique(table.column("group_id").to_numpy(zero_copy_only=False), return_inverse=True)
@@ -52,7 +54,9 @@ def load_columns(store: RolloutStore, terms: list[str], where: str = "split = 't
     return Columns(
         ids=table.column("id").to_numpy(zero_copy_only=False),
         group=group,
-        terms={t: np.nan_to_num(table.column(f"t_{t}").to_numpy(zero_copy_only=False).astype(np.float64)) for t in terms},
+        terms={
+            t: np.nan_to_num(table.column(f"t_{t}").to_numpy(zero_copy_only=False).astype(np.float64)) for t in terms
+        },
         completion_tokens=table.column("completion_tokens").to_numpy(zero_copy_only=False).astype(np.float64),
         max_action_tokens=table.column("max_action_tokens").to_numpy(zero_copy_only=False).astype(np.float64),
         termination=table.column("termination").to_numpy(zero_copy_only=False).astype(str),
@@ -116,18 +120,25 @@ class ReplayReport:
 
     @property
     def has_effect(self) -> bool:
-        return (self.frac_advantage_sign_flipped > 0 or self.effective_samples_after != self.effective_samples_before
-                or self.flagged_weight_after != self.flagged_weight_before)
+        return (
+            self.frac_advantage_sign_flipped > 0
+            or self.effective_samples_after != self.effective_samples_before
+            or self.flagged_weight_after != self.flagged_weight_before
+        )
 
 
-def replay(old: Harness, intervention: Intervention, c: Columns, flagged: set[str] | np.ndarray | None = None) -> ReplayReport:
+def replay(
+    old: Harness, intervention: Intervention, c: Columns, flagged: set[str] | np.ndarray | None = None
+) -> ReplayReport:
     """Compare the harness that produced the rollouts with the candidate on the same rollouts.
     `flagged`: ids that findings cite (or a boolean mask); their share of the advantage weight is reported."""
     import time
 
     if not intervention.replayable:
-        raise NotReplayable(f"{intervention.target} changes what is sampled or how weights move; it needs a trial, not a replay "
-                            "(replayable: reward weights, shaping, filters, masks, advantage estimator and scaling)")
+        raise NotReplayable(
+            f"{intervention.target} changes what is sampled or how weights move; it needs a trial, not a replay "
+            "(replayable: reward weights, shaping, filters, masks, advantage estimator and scaling)"
+        )
     t0 = time.perf_counter()
     new = intervention.apply(old)
     a, b = rescore(old, c), rescore(new, c)
@@ -152,12 +163,20 @@ def replay(old: Harness, intervention: Intervention, c: Columns, flagged: set[st
 
     (ga, ea), (gb, eb) = informative(a), informative(b)
     return ReplayReport(
-        intervention=intervention.describe(), rollouts=len(c), groups=int(c.group.max() + 1) if len(c) else 0,
-        frac_advantage_sign_flipped=flip, informative_groups_before=ga, informative_groups_after=gb,
-        effective_samples_before=ea, effective_samples_after=eb, audited=int(audited.sum()),
+        intervention=intervention.describe(),
+        rollouts=len(c),
+        groups=int(c.group.max() + 1) if len(c) else 0,
+        frac_advantage_sign_flipped=flip,
+        informative_groups_before=ga,
+        informative_groups_after=gb,
+        effective_samples_before=ea,
+        effective_samples_after=eb,
+        audited=int(audited.sum()),
         reward_audit_auc_before=auc(a.total[audited], c.audit[audited]),
         reward_audit_auc_after=auc(b.total[audited], c.audit[audited]),
-        flagged=int(fmask.sum()), flagged_weight_before=weight(a), flagged_weight_after=weight(b),
+        flagged=int(fmask.sum()),
+        flagged_weight_before=weight(a),
+        flagged_weight_after=weight(b),
         recorded_reward_mismatch=float(np.abs(a.total - c.reward).max()) if len(c) else 0.0,
         seconds=time.perf_counter() - t0,
     )

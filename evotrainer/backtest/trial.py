@@ -4,21 +4,24 @@ on the same seeds and task order, and evaluated by the evaluator on the same hel
 An arm is a pure function of its ArmSpec (start checkpoint, harness, seed, steps), so arms can run in
 this process, in worker processes, or on Ray, and a resumed run can skip an arm whose result file
 exists. The executor is the small interface that decides where arms run."""
+
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, replace
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import torch
+from pydantic import BaseModel, ConfigDict
 
 from evotrainer.config import RunConfig
 from evotrainer.envs.registry import make_domain
-from evotrainer.evaluation import evaluate
+from evotrainer.evaluation import evaluate, record_eval
 from evotrainer.harness.harness import Harness
 from evotrainer.policies.hf import HFPolicy
 from evotrainer.store.files import atomic_write_json
@@ -30,7 +33,7 @@ RESULT = "arm.json"
 PASS_RATES = "pass_rates.json"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ArmSpec:
     """Everything an arm needs. `gate_ids`: the held-out tasks the gate compares arms on (None: no
     evaluation, for the mainline segment)."""
@@ -51,8 +54,12 @@ class ArmSpec:
         return str(Path(self.run_dir) / "checkpoints" / self.branch)
 
 
-@dataclass
-class ArmResult:
+class ArmResult(BaseModel):
+    """What an arm produced: its checkpoint and harness version, the steps it trained, what it spent,
+    its held-out outcomes on the gate tasks (when evaluated), and its mean reward early and late."""
+
+    model_config = ConfigDict(extra="ignore")
+
     branch: str
     role: str
     checkpoint: str
@@ -64,13 +71,13 @@ class ArmResult:
     seconds: float
     eval_tokens: int = 0
     accuracy: float | None = None
-    outcomes: dict[str, bool] = field(default_factory=dict)
+    outcomes: dict[str, bool] = {}
     evaluator_hash: str = ""
     reward_first: float = 0.0
     reward_last: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return self.model_dump(mode="json")
 
 
 def run_arm(spec: ArmSpec, log: Callable[[str], None] | None = None) -> ArmResult:
@@ -104,12 +111,20 @@ def run_arm(spec: ArmSpec, log: Callable[[str], None] | None = None) -> ArmResul
             log(f"{spec.branch} step {step}: reward {m['reward']:.3f}")
     trainer.save(spec.checkpoint)
     atomic_write_json(Path(spec.checkpoint) / PASS_RATES, pass_rates)
-    result = ArmResult(spec.branch, spec.role, spec.checkpoint, h.version, spec.first_step, spec.first_step + spec.steps - 1,
-                       gen, trained, 0.0, reward_first=_mean(rewards[: max(1, len(rewards) // 3)]),
-                       reward_last=_mean(rewards[-max(1, len(rewards) // 3):]))
+    result = ArmResult(
+        branch=spec.branch,
+        role=spec.role,
+        checkpoint=spec.checkpoint,
+        harness_version=h.version,
+        first_step=spec.first_step,
+        last_step=spec.first_step + spec.steps - 1,
+        generated_tokens=gen,
+        trained_tokens=trained,
+        seconds=0.0,
+        reward_first=_mean(rewards[: max(1, len(rewards) // 3)]),
+        reward_last=_mean(rewards[-max(1, len(rewards) // 3) :]),
+    )
     if spec.gate_ids is not None:
-        from evotrainer.training.run import record_eval  # late: run.py imports the CLI-facing pieces
-
         by_id = {t.id: t for t in domain.tasks("heldout")}
         tasks = [by_id[i] for i in spec.gate_ids]
         ev = evaluate(policy, domain, tasks, cfg.eval)
@@ -153,7 +168,7 @@ def _run_in_worker(spec: ArmSpec, threads: int) -> dict[str, Any]:
     torch.set_num_threads(threads)
     cfg = dict(spec.config)
     cfg["run"] = {**cfg["run"], "threads": threads}
-    return run_arm(ArmSpec(**{**asdict(spec), "config": cfg})).to_dict()
+    return run_arm(replace(spec, config=cfg)).to_dict()
 
 
 class ProcessExecutor:

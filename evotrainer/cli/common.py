@@ -1,4 +1,5 @@
 """What every command module shares: the consoles, `--set` overrides, and the run-directory checks."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,12 +27,16 @@ def parse_overrides(values: list[str]) -> dict:
 def run_dir(run: Path) -> Path:
     """A run directory (any command's): it holds the run's config.yaml."""
     if not (run / "config.yaml").exists():
-        raise UserError(f"{run}: not a run directory (no config.yaml); pass the directory `evotrainer train` created, e.g. runs/NAME")
+        raise UserError(
+            f"{run}: not a run directory (no config.yaml); pass the directory `evotrainer train` created, e.g. runs/NAME"
+        )
     return run
 
 
 def loop_dir(run: Path) -> Path:
     """A loop run's directory: it holds the ledger."""
     if not (run / "ledger.sqlite").exists():
-        raise UserError(f"{run}: not a loop run directory (no ledger.sqlite); pass the directory `evotrainer run` created, e.g. runs/NAME")
+        raise UserError(
+            f"{run}: not a loop run directory (no ledger.sqlite); pass the directory `evotrainer run` created, e.g. runs/NAME"
+        )
     return run

@@ -1,4 +1,5 @@
 """The harness commands: `harness show|diff` and `knobs`."""
+
 from __future__ import annotations
 
 import json
@@ -45,7 +46,9 @@ def harness_show(target: Path = typer.Argument(..., help="Harness YAML, run conf
 
 
 @harness_app.command("diff")
-def harness_diff(a: Path = typer.Argument(..., help="Harness A (file or run)"), b: Path = typer.Argument(..., help="Harness B")) -> None:
+def harness_diff(
+    a: Path = typer.Argument(..., help="Harness A (file or run)"), b: Path = typer.Argument(..., help="Harness B")
+) -> None:
     """The knobs that differ between two harnesses."""
     from evotrainer.harness.interventions import diff
 
@@ -67,8 +70,20 @@ def knobs(as_json: bool = typer.Option(False, "--json", help="JSON lines instead
             print(json.dumps(k.to_dict(), default=str))
         return
     cols = ("knob", "type", "range", "default", "meaning", "TRL", "verl", "OpenRLHF", "replay")
-    rows = [(k.path, k.type, _range(k), repr(k.default), k.meaning, k.trl, k.verl, k.openrlhf, "yes" if k.replayable else "trial")
-            for k in ks]
+    rows = [
+        (
+            k.path,
+            k.type,
+            _range(k),
+            repr(k.default),
+            k.meaning,
+            k.trl,
+            k.verl,
+            k.openrlhf,
+            "yes" if k.replayable else "trial",
+        )
+        for k in ks
+    ]
     if not console.is_terminal:
         # A pipe or a file gets a Markdown table, one knob per line: rich would fold it to 80 columns.
         print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))

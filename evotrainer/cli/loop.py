@@ -1,7 +1,7 @@
 """The loop's commands: `run`, `resume`, `status`, `report`."""
+
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -14,8 +14,10 @@ from evotrainer.cli.common import console, loop_dir, parse_overrides
 from evotrainer.config import load_config
 
 
-def run(config: Path = typer.Argument(..., help="YAML run config"),
-        set_: list[str] = typer.Option([], "--set", help="Override a field, e.g. --set budget.seconds=600")) -> None:
+def run(
+    config: Path = typer.Argument(..., help="YAML run config"),
+    set_: list[str] = typer.Option([], "--set", help="Override a field, e.g. --set budget.seconds=600"),
+) -> None:
     """Run the co-evolution loop (train, diagnose, revise, propose, replay, trial, gate, promote, remember)
     until the budget is spent."""
     from evotrainer.loop import run_loop
@@ -28,41 +30,60 @@ def resume(run: Path = typer.Argument(..., help="Run directory of a loop run")) 
     from evotrainer.loop import run_loop
 
     cfg = load_config(loop_dir(run) / "config.yaml")
-    run_loop(cfg.model_copy(update={"run": cfg.run.model_copy(update={"out_dir": run.parent, "name": run.name})}),
-             console, resume=True)
+    run_loop(
+        cfg.model_copy(update={"run": cfg.run.model_copy(update={"out_dir": run.parent, "name": run.name})}),
+        console,
+        resume=True,
+    )
 
 
 def _status_table(run: Path) -> Table:
+    from evotrainer.stages.results import PromoteResult
     from evotrainer.store.ledger import Ledger
 
     ledger = Ledger(run / "ledger.sqlite")
     try:
         cfg = load_config(run / "config.yaml")
         st = ledger.status() or {}
-        spent = ledger.spent()
         last = ledger.rows("SELECT round, stage FROM stages ORDER BY finished DESC LIMIT 1")
         heads = ledger.rows("SELECT result FROM stages WHERE stage = 'promote' ORDER BY round DESC LIMIT 1")
-        head = json.loads(heads[0]["result"])["head"] if heads else None
-        acc = ledger.rows("SELECT heldout_accuracy FROM branches WHERE id = ?", [head["branch"]]) if head else []
+        head = PromoteResult.model_validate_json(heads[0]["result"]).head if heads else None
+        acc = ledger.rows("SELECT heldout_accuracy FROM branches WHERE id = ?", [head.branch]) if head else []
         verdicts = ledger.verdicts()
-        alive = bool(st.get("pid")) and _alive(st["pid"]) and not ledger.stage_result(0, "final")
+        finished = ledger.stage_result(0, "final") is not None
+        alive = bool(st.get("pid")) and _alive(st["pid"]) and not finished
         t = Table(title=f"EvoTrainer run {run.name}", show_header=False)
-        t.add_row("state", "running" if alive else ("finished" if ledger.stage_result(0, "final") else "stopped (resume to continue)"))
-        t.add_row("round / stage", f"{st.get('round', '-')} / {st.get('stage', '-')}" + (f" ({st['detail']})" if st.get("detail") else ""))
+        t.add_row("state", "running" if alive else ("finished" if finished else "stopped (resume to continue)"))
+        t.add_row(
+            "round / stage",
+            f"{st.get('round', '-')} / {st.get('stage', '-')}" + (f" ({st['detail']})" if st.get("detail") else ""),
+        )
         t.add_row("last finished", f"round {last[0]['round']} {last[0]['stage']}" if last else "-")
-        b = cfg.budget
-        def cap(x: float, c: float) -> str:
-            return f"{x:,.0f} / {c:,.0f} ({100 * x / c:.0f}%)" if c else f"{x:,.0f}"
-        t.add_row("budget generated tokens", cap(spent.generated_tokens, b.generated_tokens))
-        t.add_row("budget trained tokens", cap(spent.trained_tokens, b.trained_tokens))
-        t.add_row("budget seconds", cap(spent.seconds, b.seconds))
-        t.add_row("mainline", f"{head['branch']} step {head['step']}, gate accuracy {acc[0]['heldout_accuracy']:.3f}"
-                  if head and acc and acc[0]["heldout_accuracy"] is not None else "base")
-        t.add_row("verdicts", f"{sum(v['decision'] == 'promote' for v in verdicts)} promoted, "
-                  f"{sum(v['decision'] == 'reject' for v in verdicts)} rejected")
+        for label, used, cap in _budget_rows(ledger, cfg):
+            t.add_row(label, f"{used:,.0f} / {cap:,.0f} ({100 * used / cap:.0f}%)" if cap else f"{used:,.0f}")
+        t.add_row(
+            "mainline",
+            f"{head.branch} step {head.step}, gate accuracy {acc[0]['heldout_accuracy']:.3f}"
+            if head and acc and acc[0]["heldout_accuracy"] is not None
+            else "base",
+        )
+        t.add_row(
+            "verdicts",
+            f"{sum(v['decision'] == 'promote' for v in verdicts)} promoted, "
+            f"{sum(v['decision'] == 'reject' for v in verdicts)} rejected",
+        )
         return t
     finally:
         ledger.close()
+
+
+def _budget_rows(ledger, cfg) -> list[tuple[str, float, float]]:
+    spent, b = ledger.spent(), cfg.budget
+    return [
+        ("budget generated tokens", spent.generated_tokens, b.generated_tokens),
+        ("budget trained tokens", spent.trained_tokens, b.trained_tokens),
+        ("budget seconds", spent.seconds, b.seconds),
+    ]
 
 
 def _alive(pid: int) -> bool:
@@ -73,8 +94,10 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def status(run: Path = typer.Argument(..., help="Run directory of a loop run"),
-           watch: bool = typer.Option(False, help="Keep refreshing while the run is going")) -> None:
+def status(
+    run: Path = typer.Argument(..., help="Run directory of a loop run"),
+    watch: bool = typer.Option(False, help="Keep refreshing while the run is going"),
+) -> None:
     """Where a loop run stands: round, stage, budget, mainline metric, current trial."""
     loop_dir(run)
     if not watch:

@@ -1,4 +1,5 @@
 """The app: every command registered here, by name, from the module that defines it."""
+
 from __future__ import annotations
 
 import typer
@@ -7,10 +8,21 @@ from evotrainer.cli import harness, loop, skills, train
 from evotrainer.cli.common import err
 from evotrainer.errors import UserError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="RL post-training whose harness evolves with the policy.")
-for name, fn in (("run", loop.run), ("resume", loop.resume), ("status", loop.status), ("report", loop.report),
-                 ("train", train.train), ("eval", train.eval_), ("rollouts", train.rollouts), ("diagnose", train.diagnose),
-                 ("backtest", train.backtest), ("knobs", harness.knobs)):
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="RL post-training whose harness evolves with the policy."
+)
+for name, fn in (
+    ("run", loop.run),
+    ("resume", loop.resume),
+    ("status", loop.status),
+    ("report", loop.report),
+    ("train", train.train),
+    ("eval", train.eval_),
+    ("rollouts", train.rollouts),
+    ("diagnose", train.diagnose),
+    ("backtest", train.backtest),
+    ("knobs", harness.knobs),
+):
     app.command(name)(fn)
 app.add_typer(harness.harness_app, name="harness")
 app.add_typer(skills.skills_app, name="skills")

@@ -1,9 +1,9 @@
 """The single-run commands: `train`, `eval`, `rollouts`, `diagnose`, `backtest`."""
+
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.table import Table
@@ -14,8 +14,10 @@ from evotrainer.config import load_config
 from evotrainer.errors import UserError
 
 
-def train(config: Path = typer.Argument(..., help="YAML run config"),
-          set_: list[str] = typer.Option([], "--set", help="Override a field, e.g. --set train.steps=50")) -> None:
+def train(
+    config: Path = typer.Argument(..., help="YAML run config"),
+    set_: list[str] = typer.Option([], "--set", help="Override a field, e.g. --set train.steps=50"),
+) -> None:
     """Warm-start or load the policy, evaluate, train with RL under the harness, evaluate again."""
     from evotrainer.training.run import train_run
 
@@ -39,13 +41,17 @@ def eval_(run: Path = typer.Argument(..., help="Run directory")) -> None:
     policy = HFPolicy.load(ckpt)
     with progress_bar(console) as progress:
         res = evaluate(policy, domain, domain.tasks("heldout"), cfg.eval, progress)
-    console.print(f"held-out accuracy: [bold]{res.accuracy:.3f}[/] on {len(res.outcomes)} tasks (evaluator {res.evaluator_hash})")
+    console.print(
+        f"held-out accuracy: [bold]{res.accuracy:.3f}[/] on {len(res.outcomes)} tasks (evaluator {res.evaluator_hash})"
+    )
 
 
-def rollouts(run: Path = typer.Argument(..., help="Run directory"),
-             where: Optional[str] = typer.Option(None, help="SQL condition, e.g. \"reward > 0.5 AND split = 'train'\""),
-             limit: int = typer.Option(20, help="Rows to show"),
-             as_json: bool = typer.Option(False, "--json", help="JSON lines instead of a table")) -> None:
+def rollouts(
+    run: Path = typer.Argument(..., help="Run directory"),
+    where: str | None = typer.Option(None, help="SQL condition, e.g. \"reward > 0.5 AND split = 'train'\""),
+    limit: int = typer.Option(20, help="Rows to show"),
+    as_json: bool = typer.Option(False, "--json", help="JSON lines instead of a table"),
+) -> None:
     """Show stored rollouts (DuckDB over the run's Parquet shards)."""
     import duckdb
 
@@ -65,15 +71,19 @@ def rollouts(run: Path = typer.Argument(..., help="Run directory"),
         table.add_column(col, overflow="fold")
     for r in rows:
         text = "".join(t["action"] + t["observation"] for t in r["turns"])
-        table.add_row(r["id"], str(r["step"]), r["split"], r["termination"], f"{r['reward']:.3f}", str(r["audit"]), text[:80])
+        table.add_row(
+            r["id"], str(r["step"]), r["split"], r["termination"], f"{r['reward']:.3f}", str(r["audit"]), text[:80]
+        )
     console.print(table)
 
 
-def diagnose(run: Path = typer.Argument(..., help="Run directory"),
-             branch: str = typer.Option("main", help="Branch to read"),
-             first: int = typer.Option(1, help="First step of the window"),
-             last: Optional[int] = typer.Option(None, help="Last step of the window (default: the latest)"),
-             as_json: bool = typer.Option(False, "--json", help="JSON lines instead of a table")) -> None:
+def diagnose(
+    run: Path = typer.Argument(..., help="Run directory"),
+    branch: str = typer.Option("main", help="Branch to read"),
+    first: int = typer.Option(1, help="First step of the window"),
+    last: int | None = typer.Option(None, help="Last step of the window (default: the latest)"),
+    as_json: bool = typer.Option(False, "--json", help="JSON lines instead of a table"),
+) -> None:
     """Run the diagnostic suite over a window of the run's rollouts; findings cite rollout ids."""
     from evotrainer.diagnostics.suite import Suite
     from evotrainer.store.rollouts import RolloutStore
@@ -83,26 +93,40 @@ def diagnose(run: Path = typer.Argument(..., help="Run directory"),
         last = store.sql("SELECT coalesce(max(step), 0) AS s FROM rollouts WHERE branch = ?", [branch])[0]["s"]
     suite = Suite.default()
     findings = suite.run(store, branch, first, last)
-    store.append_findings(findings, suite.version, f"{branch}-{first:06d}-{last:06d}-{suite.version}", branch, first, last)
+    store.append_findings(
+        findings, suite.version, f"{branch}-{first:06d}-{last:06d}-{suite.version}", branch, first, last
+    )
     if as_json:
         for f in findings:
             print(json.dumps({**f.to_record(), "suite_version": suite.version}))
         return
-    table = Table(title=f"{len(findings)} finding(s), {branch} steps {first}-{last}, suite {suite.version}", show_lines=True)
+    table = Table(
+        title=f"{len(findings)} finding(s), {branch} steps {first}-{last}, suite {suite.version}", show_lines=True
+    )
     for col in ("finding", "severity", "value", "threshold", "message", "evidence", "knobs"):
         table.add_column(col, overflow="fold")
     for f in findings:
         style = "red" if f.validity or f.severity == "critical" else None
-        table.add_row(f.name, f.severity, f"{f.value:.4g}", f"{f.threshold:.4g}", f.message, "\n".join(f.evidence[:4]),
-                      "\n".join(f.knobs), style=style)
+        table.add_row(
+            f.name,
+            f.severity,
+            f"{f.value:.4g}",
+            f"{f.threshold:.4g}",
+            f.message,
+            "\n".join(f.evidence[:4]),
+            "\n".join(f.knobs),
+            style=style,
+        )
     console.print(table)
 
 
-def backtest(run: Path = typer.Argument(..., help="Run directory"),
-             intervention: Path = typer.Option(..., help="Intervention YAML (one single-factor change)"),
-             where: str = typer.Option("split = 'train'", help="Which retained rollouts to replay (SQL)"),
-             flag: str = typer.Option("audit = false AND reward > 0", help="SQL predicate of flagged rollouts"),
-             as_json: bool = typer.Option(False, "--json")) -> None:
+def backtest(
+    run: Path = typer.Argument(..., help="Run directory"),
+    intervention: Path = typer.Option(..., help="Intervention YAML (one single-factor change)"),
+    where: str = typer.Option("split = 'train'", help="Which retained rollouts to replay (SQL)"),
+    flag: str = typer.Option("audit = false AND reward > 0", help="SQL predicate of flagged rollouts"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
     """Replay retained rollouts under the harness with the intervention applied (no training)."""
     from evotrainer.backtest.replay import NotReplayable, load_columns, replay
     from evotrainer.harness.interventions import InterventionError, load_intervention

@@ -5,6 +5,7 @@ backtests it against past verdicts before it joins the suite; every decision is 
 
 What the agent's code can read is the window's train rollouts, their stats and the step metrics, copied
 out: never the held-out rows, the evaluator's shards, the run's files or its config."""
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,11 @@ MAX_ROWS = 100_000
 # copied); metrics exclude evaluator metrics (heldout/*, eval/*).
 TABLES = ("rollouts", "rollout_stats", "metrics")
 _TABLE_FUNCTIONS = frozenset({"unnest", "range", "generate_series"})
-_FORBIDDEN_FUNCTION = re.compile(r"^(read_\w*|\w*_scan|glob|getenv|query|query_table|sniff_csv|parquet_\w+|duckdb_\w+|"
-                                 r"pragma_\w+|current_setting|which_secret|load_\w*|file_\w*|http_\w*)$", re.I)
+_FORBIDDEN_FUNCTION = re.compile(
+    r"^(read_\w*|\w*_scan|glob|getenv|query|query_table|sniff_csv|parquet_\w+|duckdb_\w+|"
+    r"pragma_\w+|current_setting|which_secret|load_\w*|file_\w*|http_\w*)$",
+    re.I,
+)
 _NAME = re.compile(r"^[a-z][a-z0-9_]{2,47}$")
 # A flagged rollout set that claims validity must be confirmed by the evaluator's audits on the window:
 # at least this many audited matches, and this share of them failing the audit. An agent detector can
@@ -126,8 +130,13 @@ def check_sql(query: str) -> str | None:
         if catalog or schema not in ("", "main"):
             return f"may not name a catalog or schema ({'.'.join(p for p in (catalog, schema, name) if p)}): only {', '.join(TABLES)}"
         if name not in TABLES and name not in ctes:
-            what = ("held-out rows are the evaluator's" if "heldout" in name.lower() or "eval" in name.lower()
-                    else "files and URLs cannot be read" if re.search(r"[./:]", name) else "no such table")
+            what = (
+                "held-out rows are the evaluator's"
+                if "heldout" in name.lower() or "eval" in name.lower()
+                else "files and URLs cannot be read"
+                if re.search(r"[./:]", name)
+                else "no such table"
+            )
             return f"reads {name!r} ({what}); a detector reads only {', '.join(TABLES)}"
     if bad := sorted(table_functions - _TABLE_FUNCTIONS):
         return f"calls table function(s) {', '.join(bad)}: a detector reads only {', '.join(TABLES)}"
@@ -175,14 +184,26 @@ def _readonly_copy(w: Window, directory: str) -> duckdb.DuckDBPyConnection:
     alias = f"agent_copy_{os.getpid()}_{threading.get_ident()}"
     w.con.execute(f"ATTACH {sql_str(path)} AS {alias}")
     try:
-        for name, sql in (("rollouts", "SELECT * FROM rollouts WHERE split = 'train'"), ("rollout_stats", "SELECT * FROM rollout_stats"),
-                          ("metrics", "SELECT * FROM metrics WHERE name NOT LIKE 'heldout/%' AND name NOT LIKE 'eval/%'")):
+        for name, sql in (
+            ("rollouts", "SELECT * FROM rollouts WHERE split = 'train'"),
+            ("rollout_stats", "SELECT * FROM rollout_stats"),
+            ("metrics", "SELECT * FROM metrics WHERE name NOT LIKE 'heldout/%' AND name NOT LIKE 'eval/%'"),
+        ):
             w.con.execute(f"CREATE TABLE {alias}.{name} AS {sql}")
     finally:
         w.con.execute(f"DETACH {alias}")
-    return duckdb.connect(path, read_only=True, config={
-        "enable_external_access": False, "autoload_known_extensions": False, "autoinstall_known_extensions": False,
-        "threads": 1, "memory_limit": "1GB", "lock_configuration": True})
+    return duckdb.connect(
+        path,
+        read_only=True,
+        config={
+            "enable_external_access": False,
+            "autoload_known_extensions": False,
+            "autoinstall_known_extensions": False,
+            "threads": 1,
+            "memory_limit": "1GB",
+            "lock_configuration": True,
+        },
+    )
 
 
 def flagged_by_sql(w: Window, query: str, seconds: float = SQL_SECONDS) -> list[str]:
@@ -230,9 +251,13 @@ def flagged_by_predicate(w: Window, source: str) -> list[str]:
     if (why := check_predicate(source)) is not None:
         raise ValueError(why)
     if not sandbox.mechanisms().get("bwrap"):
-        raise PermissionError("Python predicates need the bwrap sandbox (a private filesystem view); use a SQL detector")
-    rows = w.rows("SELECT id, step, task_id, prompt, turns, termination, rewards, reward, audit, completion_tokens, num_turns, info "
-                  "FROM rollouts ORDER BY step, id")
+        raise PermissionError(
+            "Python predicates need the bwrap sandbox (a private filesystem view); use a SQL detector"
+        )
+    rows = w.rows(
+        "SELECT id, step, task_id, prompt, turns, termination, rewards, reward, audit, completion_tokens, num_turns, info "
+        "FROM rollouts ORDER BY step, id"
+    )
     lines = []
     for r in rows:
         r["rewards"] = dict(r["rewards"]) if r["rewards"] is not None else {}
@@ -240,8 +265,12 @@ def flagged_by_predicate(w: Window, source: str) -> list[str]:
         lines.append(json.dumps(r, default=str))
     directory = tempfile.mkdtemp(prefix="evotrainer-agent-py-")
     try:
-        res = sandbox.run_python(_RUNNER.format(source=source), directory, sandbox.Limits(
-            cpu_seconds=10, wall_seconds=20, memory_mb=1024, output_bytes=4_000_000), stdin="\n".join(lines) + "\n")
+        res = sandbox.run_python(
+            _RUNNER.format(source=source),
+            directory,
+            sandbox.Limits(cpu_seconds=10, wall_seconds=20, memory_mb=1024, output_bytes=4_000_000),
+            stdin="\n".join(lines) + "\n",
+        )
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     if not res.ok:
@@ -250,8 +279,10 @@ def flagged_by_predicate(w: Window, source: str) -> list[str]:
     audit = {r["id"]: r["audit"] for r in rows}
     step = {r["id"]: r["step"] for r in rows}
     # Most telling first, as the rule detectors order: audit failures, then unaudited, latest steps first.
-    return sorted(dict.fromkeys(i for i in out if i in audit),
-                  key=lambda i: ({False: 0, None: 1, True: 2}[audit[i]], -step[i], i))
+    return sorted(
+        dict.fromkeys(i for i in out if i in audit),
+        key=lambda i: ({False: 0, None: 1, True: 2}[audit[i]], -step[i], i),
+    )
 
 
 def _fire(w: Window, name: str, q: _Query, flagged: list[str]) -> list[Finding]:
@@ -263,9 +294,20 @@ def _fire(w: Window, name: str, q: _Query, flagged: list[str]) -> list[Finding]:
         return []
     audited = [known[i][0] for i in hits if known[i][0] is not None]
     note = f"; {sum(a is False for a in audited)} of the {len(audited)} audited ones fail the audit" if audited else ""
-    return [finding(w, name, q.severity, len(hits) / n, p["max_share"], hits, q.knobs,
-                    f"{len(hits)} of {n} train rollouts ({100 * len(hits) / n:.0f}%) flagged by the agent's detector: "
-                    f"{q.message}{note}", validity=q.validity)]
+    return [
+        finding(
+            w,
+            name,
+            q.severity,
+            len(hits) / n,
+            p["max_share"],
+            hits,
+            q.knobs,
+            f"{len(hits)} of {n} train rollouts ({100 * len(hits) / n:.0f}%) flagged by the agent's detector: "
+            f"{q.message}{note}",
+            validity=q.validity,
+        )
+    ]
 
 
 def sql_detector(q: SqlQuery, name: str) -> Detector:
@@ -292,7 +334,9 @@ def parse(raw: Any) -> tuple[str, SqlQuery | Predicate, dict[str, float]]:
     {name, sql | python, severity, validity, knobs, message, max_share?, min_matches?}. Raises
     ValueError with the reasons an agent can act on. revision.admit turns it into a suite entry."""
     if not isinstance(raw, dict):
-        raise ValueError(f"a detector is an object with name, sql or python, severity, knobs, message; got {type(raw).__name__}")
+        raise ValueError(
+            f"a detector is an object with name, sql or python, severity, knobs, message; got {type(raw).__name__}"
+        )
     raw = dict(raw)
     name = str(raw.pop("name", "")).lower()
     if not _NAME.match(name):
@@ -312,8 +356,14 @@ def parse(raw: Any) -> tuple[str, SqlQuery | Predicate, dict[str, float]]:
     try:
         query = SqlQuery(query=sql, **raw) if sql is not None else Predicate(source=python, **raw)
     except ValidationError as e:
-        raise ValueError(f"{name}: " + "; ".join(f"{'.'.join(str(x) for x in err['loc'][-1:]) or 'detector'}: "
-                                                 f"{err['msg'].removeprefix('Value error, ')}" for err in e.errors())) from None
+        raise ValueError(
+            f"{name}: "
+            + "; ".join(
+                f"{'.'.join(str(x) for x in err['loc'][-1:]) or 'detector'}: "
+                f"{err['msg'].removeprefix('Value error, ')}"
+                for err in e.errors()
+            )
+        ) from None
     return PREFIX + name, query, params
 
 

@@ -1,5 +1,6 @@
 """Built-in detectors of the learning signal, length, entropy and the optimizer: plain functions over a
 Window, aggregated in DuckDB; thresholds come from window.params (defaults: suite.BUILTIN)."""
+
 from __future__ import annotations
 
 import math
@@ -20,7 +21,9 @@ def thirds(w: Window, source: str = "rollout_stats", args: list[Any] | None = No
     """(last step of the first third, first step of the last third) of the steps `source` covers, or
     None below 3 distinct steps. Thirds of the observed span, not of the window bounds, so a window
     that is only partly filled still compares its early and late rollouts."""
-    lo, hi, n = w.con.execute(f"SELECT min(step), max(step), count(DISTINCT step) FROM {source}", args or []).fetchone()
+    lo, hi, n = w.con.execute(
+        f"SELECT min(step), max(step), count(DISTINCT step) FROM {source}", args or []
+    ).fetchone()
     if not n or n < 3:
         return None
     k = max(1, (hi - lo + 1) // 3)
@@ -32,18 +35,29 @@ def recent_actions(w: Window, n: int) -> list[dict[str, Any]]:
     Python (DuckDB's RE2 has no backreferences, so "the same chunk again" is not a regex), and only
     on this bounded sample: the latest rollouts are the policy's current behaviour, and reading them
     opens a few shards (the `shards` table of the window) instead of every action of the window."""
-    cut = w.scalar("SELECT coalesce(max(step) FILTER (WHERE c >= ?), min(step)) FROM "
-                   "(SELECT step, sum(count(*)) OVER (ORDER BY step DESC) AS c FROM rollout_stats GROUP BY step)", [n])
+    cut = w.scalar(
+        "SELECT coalesce(max(step) FILTER (WHERE c >= ?), min(step)) FROM "
+        "(SELECT step, sum(count(*)) OVER (ORDER BY step DESC) AS c FROM rollout_stats GROUP BY step)",
+        [n],
+    )
     if cut is None:
         return []
-    paths = [r[0] for r in w.con.execute("SELECT path FROM shards WHERE step IS NULL OR step >= ? ORDER BY path", [cut]).fetchall()]
+    paths = [
+        r[0]
+        for r in w.con.execute(
+            "SELECT path FROM shards WHERE step IS NULL OR step >= ? ORDER BY path", [cut]
+        ).fetchall()
+    ]
     if not paths:
         return []
     # The same rows as the `rollouts` view (branch, train split, window steps), read from those shards only.
-    return w.rows("SELECT id, step, reward, completion_tokens, list_transform(turns, lambda t: t.action) AS actions, "
-                  "list_avg(list_transform(turns, lambda t: t.mean_logprob)) AS mean_logprob "
-                  "FROM read_parquet(?, union_by_name = true) WHERE branch = ? AND split = 'train' AND step BETWEEN ? AND ? "
-                  "ORDER BY step DESC, id DESC LIMIT ?", [paths, w.branch, max(cut, w.first_step), w.last_step, n])
+    return w.rows(
+        "SELECT id, step, reward, completion_tokens, list_transform(turns, lambda t: t.action) AS actions, "
+        "list_avg(list_transform(turns, lambda t: t.mean_logprob)) AS mean_logprob "
+        "FROM read_parquet(?, union_by_name = true) WHERE branch = ? AND split = 'train' AND step BETWEEN ? AND ? "
+        "ORDER BY step DESC, id DESC LIMIT ?",
+        [paths, w.branch, max(cut, w.first_step), w.last_step, n],
+    )
 
 
 def _pct(x: float) -> str:
@@ -60,33 +74,61 @@ def zero_variance_groups(w: Window) -> list[Finding]:
     total, dead, dead_mean = w.con.execute(
         "SELECT count(*), count(*) FILTER (WHERE sd < ?), avg(mu) FILTER (WHERE sd < ?) FROM "
         "(SELECT group_id, stddev_pop(reward) AS sd, avg(reward) AS mu FROM rollout_stats "
-        " GROUP BY group_id)", [p["std_threshold"]] * 2).fetchone()
+        " GROUP BY group_id)",
+        [p["std_threshold"]] * 2,
+    ).fetchone()
     if not total or dead / total <= p["max_fraction"]:
         return []
     share = dead / total
     # One rollout from each of the latest dead groups: eight groups say more than one group eight times.
-    ev = ids(w, "SELECT min(id) FROM rollout_stats GROUP BY group_id HAVING stddev_pop(reward) < ? "
-                "ORDER BY max(step) DESC, group_id", [p["std_threshold"]])
-    return [finding(w, "zero_variance_groups", "critical" if share >= 0.95 else "warning", share, p["max_fraction"], ev,
-                    ("sampling.num_generations", "sampling.temperature", "filters.zero_std_threshold", "curriculum.levels"),
-                    f"{_pct(share)} of groups ({dead}/{total}) have reward std < {p['std_threshold']:g} (mean reward of "
-                    f"those groups {dead_mean:.3f}), so their advantages are zero.")]
+    ev = ids(
+        w,
+        "SELECT min(id) FROM rollout_stats GROUP BY group_id HAVING stddev_pop(reward) < ? "
+        "ORDER BY max(step) DESC, group_id",
+        [p["std_threshold"]],
+    )
+    return [
+        finding(
+            w,
+            "zero_variance_groups",
+            "critical" if share >= 0.95 else "warning",
+            share,
+            p["max_fraction"],
+            ev,
+            ("sampling.num_generations", "sampling.temperature", "filters.zero_std_threshold", "curriculum.levels"),
+            f"{_pct(share)} of groups ({dead}/{total}) have reward std < {p['std_threshold']:g} (mean reward of "
+            f"those groups {dead_mean:.3f}), so their advantages are zero.",
+        )
+    ]
 
 
 def plateau(w: Window) -> list[Finding]:
     """The per-step `reward` is flat over many steps while still below the ceiling: training has
     stalled (no signal, too low a learning rate, or tasks out of reach)."""
     p = w.params
-    slope, n, mean = w.con.execute("SELECT regr_slope(value, step), count(*), avg(value) FROM metrics "
-                                   "WHERE name = 'reward' AND isfinite(value)").fetchone()
+    slope, n, mean = w.con.execute(
+        "SELECT regr_slope(value, step), count(*), avg(value) FROM metrics WHERE name = 'reward' AND isfinite(value)"
+    ).fetchone()
     if n < p["min_steps"] or slope is None or abs(slope) >= p["min_slope"] or mean >= p["ceiling"]:
         return []
-    ev = ids(w, "SELECT id FROM rollout_stats WHERE step = (SELECT max(step) FROM rollout_stats) "
-                "ORDER BY reward, completion_tokens DESC, id")
-    return [finding(w, "plateau", "warning", abs(slope), p["min_slope"], ev,
-                    ("curriculum.levels", "optimizer.learning_rate", "sampling.temperature"),
-                    f"Reward is flat over {n} steps (slope {slope:+.2e}/step, |slope| < {p['min_slope']:g}) at mean "
-                    f"{mean:.3f}, below the ceiling {p['ceiling']:g}.")]
+    ev = ids(
+        w,
+        "SELECT id FROM rollout_stats WHERE step = (SELECT max(step) FROM rollout_stats) "
+        "ORDER BY reward, completion_tokens DESC, id",
+    )
+    return [
+        finding(
+            w,
+            "plateau",
+            "warning",
+            abs(slope),
+            p["min_slope"],
+            ev,
+            ("curriculum.levels", "optimizer.learning_rate", "sampling.temperature"),
+            f"Reward is flat over {n} steps (slope {slope:+.2e}/step, |slope| < {p['min_slope']:g}) at mean "
+            f"{mean:.3f}, below the ceiling {p['ceiling']:g}.",
+        )
+    ]
 
 
 # -- length -------------------------------------------------------------------------------------------
@@ -97,16 +139,28 @@ def truncation(w: Window) -> list[Finding]:
     p = w.params
     n, cut, cut_len, ok_len = w.con.execute(
         "SELECT count(*), count(*) FILTER (WHERE termination = 'length'), avg(completion_tokens) FILTER "
-        "(WHERE termination = 'length'), avg(completion_tokens) FILTER (WHERE termination <> 'length') FROM rollout_stats").fetchone()
+        "(WHERE termination = 'length'), avg(completion_tokens) FILTER (WHERE termination <> 'length') FROM rollout_stats"
+    ).fetchone()
     if not n or cut / n <= p["max_fraction"]:
         return []
     share = cut / n
-    ev = ids(w, "SELECT id FROM rollout_stats WHERE termination = 'length' ORDER BY completion_tokens DESC, step DESC, id")
+    ev = ids(
+        w, "SELECT id FROM rollout_stats WHERE termination = 'length' ORDER BY completion_tokens DESC, step DESC, id"
+    )
     other = f"{ok_len:.1f}" if ok_len is not None else "n/a"
-    return [finding(w, "truncation", "critical" if share >= 0.5 else "warning", share, p["max_fraction"], ev,
-                    ("sampling.max_completion_length", "loss.mask_truncated_completions", "shaping.overlong_buffer_len"),
-                    f"{_pct(share)} of rollouts ({cut}/{n}) hit the token cap (mean {cut_len:.1f} tokens vs {other} "
-                    f"for the rest).")]
+    return [
+        finding(
+            w,
+            "truncation",
+            "critical" if share >= 0.5 else "warning",
+            share,
+            p["max_fraction"],
+            ev,
+            ("sampling.max_completion_length", "loss.mask_truncated_completions", "shaping.overlong_buffer_len"),
+            f"{_pct(share)} of rollouts ({cut}/{n}) hit the token cap (mean {cut_len:.1f} tokens vs {other} "
+            f"for the rest).",
+        )
+    ]
 
 
 def length_blowup(w: Window) -> list[Finding]:
@@ -120,16 +174,31 @@ def length_blowup(w: Window) -> list[Finding]:
     len0, len1, clip0, clip1 = w.con.execute(
         "SELECT avg(completion_tokens) FILTER (WHERE step <= ?), avg(completion_tokens) FILTER (WHERE step >= ?), "
         "avg((termination = 'length')::DOUBLE) FILTER (WHERE step <= ?), avg((termination = 'length')::DOUBLE) "
-        "FILTER (WHERE step >= ?) FROM rollout_stats", [a, b, a, b]).fetchone()
+        "FILTER (WHERE step >= ?) FROM rollout_stats",
+        [a, b, a, b],
+    ).fetchone()
     growth = len1 / max(len0, 1e-9)
     if growth <= p["max_growth"] or clip1 <= clip0:
         return []
-    ev = ids(w, "SELECT id FROM rollout_stats WHERE step >= ? ORDER BY (termination = 'length') DESC, "
-                "completion_tokens DESC, step DESC, id", [b])
-    return [finding(w, "length_blowup", "warning", growth, p["max_growth"], ev,
-                    ("loss.num_iterations", "shaping.overlong_buffer_len", "loss.loss_type"),
-                    f"Mean completion length grew {growth:.2f}x ({len0:.1f} -> {len1:.1f} tokens, first to last third) "
-                    f"while the clipped share rose {_pct(clip0)} -> {_pct(clip1)}.")]
+    ev = ids(
+        w,
+        "SELECT id FROM rollout_stats WHERE step >= ? ORDER BY (termination = 'length') DESC, "
+        "completion_tokens DESC, step DESC, id",
+        [b],
+    )
+    return [
+        finding(
+            w,
+            "length_blowup",
+            "warning",
+            growth,
+            p["max_growth"],
+            ev,
+            ("loss.num_iterations", "shaping.overlong_buffer_len", "loss.loss_type"),
+            f"Mean completion length grew {growth:.2f}x ({len0:.1f} -> {len1:.1f} tokens, first to last third) "
+            f"while the clipped share rose {_pct(clip0)} -> {_pct(clip1)}.",
+        )
+    ]
 
 
 def repetition(w: Window) -> list[Finding]:
@@ -142,8 +211,12 @@ def repetition(w: Window) -> list[Finding]:
         return []
     loops = []
     for r in sample:
-        score = _repetitiveness("\n".join(a or "" for a in r["actions"] or []), int(p["min_repeats"]),
-                                p["min_dup_fraction"], p["max_compression"])
+        score = _repetitiveness(
+            "\n".join(a or "" for a in r["actions"] or []),
+            int(p["min_repeats"]),
+            p["min_dup_fraction"],
+            p["max_compression"],
+        )
         if score is not None:
             loops.append((score, r))
     share = len(loops) / len(sample)
@@ -151,10 +224,19 @@ def repetition(w: Window) -> list[Finding]:
         return []
     loops.sort(key=lambda x: (-x[0], -x[1]["completion_tokens"], x[1]["id"]))
     reward = sum(r["reward"] for _, r in loops) / len(loops)
-    return [finding(w, "repetition", "warning", share, p["max_fraction"], [r["id"] for _, r in loops],
-                    ("shaping.overlong_buffer_len", "sampling.temperature", "shaping.length_penalty"),
-                    f"{_pct(share)} of the latest {len(sample)} rollouts ({len(loops)}) repeat a chunk over and over "
-                    f"(their mean reward {reward:.3f}).")]
+    return [
+        finding(
+            w,
+            "repetition",
+            "warning",
+            share,
+            p["max_fraction"],
+            [r["id"] for _, r in loops],
+            ("shaping.overlong_buffer_len", "sampling.temperature", "shaping.length_penalty"),
+            f"{_pct(share)} of the latest {len(sample)} rollouts ({len(loops)}) repeat a chunk over and over "
+            f"(their mean reward {reward:.3f}).",
+        )
+    ]
 
 
 def _repetitiveness(text: str, min_repeats: int, min_dup_fraction: float, max_compression: float) -> float | None:
@@ -162,7 +244,7 @@ def _repetitiveness(text: str, min_repeats: int, min_dup_fraction: float, max_co
     Both a count and a share are required: "the answer is" four times in a long derivation is normal."""
     words = text.split()
     units = words if len(words) >= 3 + min_repeats else list("".join(words))
-    grams = Counter(tuple(units[i:i + 3]) for i in range(len(units) - 2))
+    grams = Counter(tuple(units[i : i + 3]) for i in range(len(units) - 2))
     total = sum(grams.values())
     if total:
         top = max(grams.values())
@@ -184,8 +266,11 @@ def _entropy_thirds(w: Window) -> tuple[float, float] | None:
     t = thirds(w, src)
     if t is None:
         return None
-    return w.con.execute("SELECT avg(value) FILTER (WHERE step <= ?), avg(value) FILTER (WHERE step >= ?) FROM metrics "
-                         "WHERE name = 'entropy' AND isfinite(value)", list(t)).fetchone()
+    return w.con.execute(
+        "SELECT avg(value) FILTER (WHERE step <= ?), avg(value) FILTER (WHERE step >= ?) FROM metrics "
+        "WHERE name = 'entropy' AND isfinite(value)",
+        list(t),
+    ).fetchone()
 
 
 def entropy_collapse(w: Window) -> list[Finding]:
@@ -195,10 +280,23 @@ def entropy_collapse(w: Window) -> list[Finding]:
     e = _entropy_thirds(w)
     if e is None or e[1] >= p["min_entropy"] or e[1] >= e[0]:
         return []
-    ev = ids(w, "SELECT id FROM rollout_stats WHERE step = (SELECT max(step) FROM rollout_stats) AND mean_logprob IS NOT NULL "
-                "ORDER BY mean_logprob DESC, id")
-    return [finding(w, "entropy_collapse", "warning", e[1], p["min_entropy"], ev, ("loss.epsilon_high", "sampling.temperature"),
-                    f"Entropy fell from {e[0]:.4f} to {e[1]:.4f} (first to last third), below {p['min_entropy']:g}.")]
+    ev = ids(
+        w,
+        "SELECT id FROM rollout_stats WHERE step = (SELECT max(step) FROM rollout_stats) AND mean_logprob IS NOT NULL "
+        "ORDER BY mean_logprob DESC, id",
+    )
+    return [
+        finding(
+            w,
+            "entropy_collapse",
+            "warning",
+            e[1],
+            p["min_entropy"],
+            ev,
+            ("loss.epsilon_high", "sampling.temperature"),
+            f"Entropy fell from {e[0]:.4f} to {e[1]:.4f} (first to last third), below {p['min_entropy']:g}.",
+        )
+    ]
 
 
 def entropy_explosion(w: Window) -> list[Finding]:
@@ -221,14 +319,26 @@ def entropy_explosion(w: Window) -> list[Finding]:
     garbled.sort()
     ev = [x[2] for x in garbled]
     if not ev:
-        ev = ids(w, "SELECT id FROM rollout_stats WHERE step = (SELECT max(step) FROM rollout_stats) AND mean_logprob "
-                    "IS NOT NULL ORDER BY mean_logprob, id")
+        ev = ids(
+            w,
+            "SELECT id FROM rollout_stats WHERE step = (SELECT max(step) FROM rollout_stats) AND mean_logprob "
+            "IS NOT NULL ORDER BY mean_logprob, id",
+        )
     ent = f"{e[1]:.3f}" if e is not None else "n/a"
     value, threshold = (e[1], p["max_entropy"]) if high else (share, p["max_gibberish"])
-    return [finding(w, "entropy_explosion", "critical" if high and share > p["max_gibberish"] else "warning", value, threshold,
-                    ev, ("optimizer.learning_rate", "loss.epsilon_high", "sampling.temperature"),
-                    f"Entropy over the last third is {ent} (limit {p['max_entropy']:g}) and {_pct(share)} of the latest "
-                    f"{len(sample)} rollouts look garbled (limit {_pct(p['max_gibberish'])}).")]
+    return [
+        finding(
+            w,
+            "entropy_explosion",
+            "critical" if high and share > p["max_gibberish"] else "warning",
+            value,
+            threshold,
+            ev,
+            ("optimizer.learning_rate", "loss.epsilon_high", "sampling.temperature"),
+            f"Entropy over the last third is {ent} (limit {p['max_entropy']:g}) and {_pct(share)} of the latest "
+            f"{len(sample)} rollouts look garbled (limit {_pct(p['max_gibberish'])}).",
+        )
+    ]
 
 
 # -- optimizer ----------------------------------------------------------------------------------------
@@ -250,30 +360,61 @@ def kl_spike(w: Window) -> list[Finding]:
         "  AND s.v > greatest(CASE s.sig WHEN 'grad_norm' THEN ? ELSE ? END * m.med, "
         "  CASE s.sig WHEN 'kl' THEN ? WHEN 'clip_ratio' THEN ? ELSE ? END) "
         "ORDER BY s.v / limit_ DESC, s.step, s.sig",
-        [*limit, p["min_steps"], *limit])
+        [*limit, p["min_steps"], *limit],
+    )
     if not spikes:
         return []
     top = spikes[0]
-    ev = ids(w, "SELECT id FROM rollout_stats WHERE step = ? AND mean_logprob IS NOT NULL ORDER BY mean_logprob, id", [top["step"]])
+    ev = ids(
+        w,
+        "SELECT id FROM rollout_stats WHERE step = ? AND mean_logprob IS NOT NULL ORDER BY mean_logprob, id",
+        [top["step"]],
+    )
     signals = sorted({s["sig"] for s in spikes})
-    return [finding(w, "kl_spike", "warning", top["v"], top["limit_"], ev,
-                    ("optimizer.learning_rate", "loss.beta", "loss.epsilon"),
-                    f"{len(spikes)} spike(s) in {', '.join(signals)}; worst: {top['sig']} = {top['v']:.4g} at step {top['step']} "
-                    f"vs median {top['med']:.4g} (limit {top['limit_']:.4g}).")]
+    return [
+        finding(
+            w,
+            "kl_spike",
+            "warning",
+            top["v"],
+            top["limit_"],
+            ev,
+            ("optimizer.learning_rate", "loss.beta", "loss.epsilon"),
+            f"{len(spikes)} spike(s) in {', '.join(signals)}; worst: {top['sig']} = {top['v']:.4g} at step {top['step']} "
+            f"vs median {top['med']:.4g} (limit {top['limit_']:.4g}).",
+        )
+    ]
 
 
 def nonfinite(w: Window) -> list[Finding]:
     """A skipped non-finite update, or a NaN/inf grad norm, reward or entropy: the arithmetic broke
     (zero std with G=1, a bad batch split, overflow). Any one is critical. `kl` is NaN by design
     when beta = 0, so it is not checked."""
-    steps = [r[0] for r in w.con.execute(
-        "SELECT DISTINCT step FROM metrics WHERE (name = 'nonfinite_steps' AND value > 0) OR "
-        "(name IN ('grad_norm', 'reward', 'entropy') AND NOT isfinite(value)) "
-        "UNION SELECT DISTINCT step FROM rollout_stats WHERE NOT isfinite(reward) ORDER BY step").fetchall()]
+    steps = [
+        r[0]
+        for r in w.con.execute(
+            "SELECT DISTINCT step FROM metrics WHERE (name = 'nonfinite_steps' AND value > 0) OR "
+            "(name IN ('grad_norm', 'reward', 'entropy') AND NOT isfinite(value)) "
+            "UNION SELECT DISTINCT step FROM rollout_stats WHERE NOT isfinite(reward) ORDER BY step"
+        ).fetchall()
+    ]
     if not steps:
         return []
-    ev = ids(w, "SELECT id FROM rollout_stats WHERE step IN (SELECT unnest(?::BIGINT[])) "
-                "ORDER BY isfinite(reward), step, id", [steps])
+    ev = ids(
+        w,
+        "SELECT id FROM rollout_stats WHERE step IN (SELECT unnest(?::BIGINT[])) ORDER BY isfinite(reward), step, id",
+        [steps],
+    )
     shown = ", ".join(map(str, steps[:5])) + (" ..." if len(steps) > 5 else "")
-    return [finding(w, "nonfinite", "critical", len(steps), 0, ev, ("optimizer.learning_rate", "optimizer.max_grad_norm"),
-                    f"{len(steps)} step(s) had a non-finite update, grad norm, reward or entropy (steps {shown}).")]
+    return [
+        finding(
+            w,
+            "nonfinite",
+            "critical",
+            len(steps),
+            0,
+            ev,
+            ("optimizer.learning_rate", "optimizer.max_grad_norm"),
+            f"{len(steps)} step(s) had a non-finite update, grad norm, reward or entropy (steps {shown}).",
+        )
+    ]

@@ -1,11 +1,13 @@
 """The detector contract: a plain function over a window of rollouts (DuckDB over the store) and step
 metrics that returns findings citing rollout ids."""
+
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 import math
 import re
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import duckdb
 
@@ -35,9 +37,19 @@ class Finding:
     last_step: int = 0
 
     def to_record(self) -> dict[str, Any]:
-        return {"name": self.name, "severity": self.severity, "value": float(self.value), "threshold": float(self.threshold),
-                "evidence": list(self.evidence), "knobs": list(self.knobs), "message": self.message,
-                "validity": self.validity, "branch": self.branch, "first_step": self.first_step, "last_step": self.last_step}
+        return {
+            "name": self.name,
+            "severity": self.severity,
+            "value": float(self.value),
+            "threshold": float(self.threshold),
+            "evidence": list(self.evidence),
+            "knobs": list(self.knobs),
+            "message": self.message,
+            "validity": self.validity,
+            "branch": self.branch,
+            "first_step": self.first_step,
+            "last_step": self.last_step,
+        }
 
 
 @dataclass
@@ -70,11 +82,30 @@ Detector = Callable[[Window], list[Finding]]
 
 
 # -- helpers for writing detectors ------------------------------------------------------------------------
-def finding(w: Window, name: str, severity: Severity, value: float, threshold: float, evidence: list[str],
-            knobs: tuple[str, ...], message: str, validity: bool = False) -> Finding:
-    return Finding(name=name, severity=severity, value=float(value), threshold=float(threshold),
-                   evidence=tuple(evidence[:MAX_EVIDENCE]), knobs=knobs, message=message, validity=validity,
-                   branch=w.branch, first_step=w.first_step, last_step=w.last_step)
+def finding(
+    w: Window,
+    name: str,
+    severity: Severity,
+    value: float,
+    threshold: float,
+    evidence: list[str],
+    knobs: tuple[str, ...],
+    message: str,
+    validity: bool = False,
+) -> Finding:
+    return Finding(
+        name=name,
+        severity=severity,
+        value=float(value),
+        threshold=float(threshold),
+        evidence=tuple(evidence[:MAX_EVIDENCE]),
+        knobs=knobs,
+        message=message,
+        validity=validity,
+        branch=w.branch,
+        first_step=w.first_step,
+        last_step=w.last_step,
+    )
 
 
 def ids(w: Window, sql: str, args: list[Any] | None = None) -> list[str]:
@@ -110,11 +141,17 @@ def check_detector(fn: Detector, window: Window) -> list[Finding]:
         if not f.knobs or not all(isinstance(k, str) and KNOB_PATH.match(k) for k in f.knobs):
             raise DetectorCheckError(f"{where}: knobs must be non-empty dotted harness paths, got {f.knobs!r}")
         if len(f.evidence) > MAX_EVIDENCE or len(set(f.evidence)) != len(f.evidence):
-            raise DetectorCheckError(f"{where}: evidence must be at most {MAX_EVIDENCE} distinct ids, got {len(f.evidence)}")
+            raise DetectorCheckError(
+                f"{where}: evidence must be at most {MAX_EVIDENCE} distinct ids, got {len(f.evidence)}"
+            )
         if f.evidence:
-            found = {r[0] for r in window.con.execute(
-                "SELECT id FROM (SELECT id FROM rollouts UNION ALL SELECT id FROM heldout) WHERE id IN (SELECT unnest(?::VARCHAR[]))",
-                [list(f.evidence)]).fetchall()}
+            found = {
+                r[0]
+                for r in window.con.execute(
+                    "SELECT id FROM (SELECT id FROM rollouts UNION ALL SELECT id FROM heldout) WHERE id IN (SELECT unnest(?::VARCHAR[]))",
+                    [list(f.evidence)],
+                ).fetchall()
+            }
             missing = [i for i in f.evidence if i not in found]
             if missing:
                 raise DetectorCheckError(f"{where}: evidence ids not in the window: {missing}")

@@ -1,6 +1,7 @@
 """Detector induction: where reward and audit disagree, find a rule (at most two clauses) that separates
 rewarded-but-audit-failed rollouts from rewarded-and-audit-passed ones, and validate it on held-back
 rollouts before it may join a suite."""
+
 from __future__ import annotations
 
 import hashlib
@@ -12,8 +13,17 @@ from typing import Any, Literal
 import numpy as np
 
 from evotrainer.diagnostics.detector import MAX_EVIDENCE
-from evotrainer.diagnostics.rules import (CLASSES, COLUMNS, FIRST_WORD_RE, TEXT_SQL, Clause, Feature, Rule, feature_values,
-                                             paying_terms)
+from evotrainer.diagnostics.rules import (
+    CLASSES,
+    COLUMNS,
+    FIRST_WORD_RE,
+    TEXT_SQL,
+    Clause,
+    Feature,
+    Rule,
+    feature_values,
+    paying_terms,
+)
 from evotrainer.diagnostics.window import open_window
 from evotrainer.store.files import sql_str
 from evotrainer.store.rollouts import RolloutStore
@@ -42,14 +52,22 @@ class Score:
 
     @property
     def f1(self) -> float:
-        return 2 * self.precision * self.recall / (self.precision + self.recall) if self.precision + self.recall else 0.0
+        return (
+            2 * self.precision * self.recall / (self.precision + self.recall) if self.precision + self.recall else 0.0
+        )
 
 
 def score(flag: np.ndarray, y: np.ndarray) -> Score:
     tp, fp = int((flag & y).sum()), int((flag & ~y).sum())
     pos, neg = int(y.sum()), int((~y).sum())
-    return Score(precision=tp / (tp + fp) if tp + fp else 0.0, recall=tp / pos if pos else 0.0,
-                 specificity=1 - fp / neg if neg else 0.0, support=pos, negatives=neg, flagged=tp + fp)
+    return Score(
+        precision=tp / (tp + fp) if tp + fp else 0.0,
+        recall=tp / pos if pos else 0.0,
+        specificity=1 - fp / neg if neg else 0.0,
+        support=pos,
+        negatives=neg,
+        flagged=tp + fp,
+    )
 
 
 @dataclass
@@ -69,12 +87,18 @@ class Induction:
     examples: dict[str, list[str]] = field(default_factory=dict)
 
     def to_record(self) -> dict[str, Any]:
-        return {"accepted": self.accepted, "reason": self.reason,
-                "rule": self.rule.model_dump(mode="json") if self.rule else None,
-                "rule_text": self.rule.describe() if self.rule else None,
-                "fit": asdict(self.fit) if self.fit else None, "held_back": asdict(self.held_back) if self.held_back else None,
-                "counts": dict(self.counts), "settings": dict(self.settings), "candidates": self.candidates,
-                "examples": {k: list(v) for k, v in self.examples.items()}}
+        return {
+            "accepted": self.accepted,
+            "reason": self.reason,
+            "rule": self.rule.model_dump(mode="json") if self.rule else None,
+            "rule_text": self.rule.describe() if self.rule else None,
+            "fit": asdict(self.fit) if self.fit else None,
+            "held_back": asdict(self.held_back) if self.held_back else None,
+            "counts": dict(self.counts),
+            "settings": dict(self.settings),
+            "candidates": self.candidates,
+            "examples": {k: list(v) for k, v in self.examples.items()},
+        }
 
 
 def split_held_back(keys: list[str], y: np.ndarray, fraction: float, seed: int) -> np.ndarray:
@@ -83,6 +107,7 @@ def split_held_back(keys: list[str], y: np.ndarray, fraction: float, seed: int) 
     hash order and each goes to the side that keeps the held-back share of positives and of
     negatives nearer `fraction`: a plain hash split of a few dozen keys often leaves one class thin
     on one side (a stratified group split)."""
+
     def h(k: str) -> bytes:
         return hashlib.sha256(f"{seed}:{k}".encode()).digest()
 
@@ -110,7 +135,10 @@ def mine_literals(texts: list[str], y: np.ndarray, max_literals: int, seed: int)
     rng = np.random.default_rng(seed)
     pick = np.concatenate([rng.permutation(np.flatnonzero(y == c))[:_MINE_PER_CLASS] for c in (True, False)])
     texts, y = [texts[i][:_MINE_CHARS] for i in sorted(pick)], y[np.sort(pick)]
-    grams = [Counter(_TOKEN.findall(t)) + Counter(t[i:i + n] for n in _NGRAMS for i in range(len(t) - n + 1)) for t in texts]
+    grams = [
+        Counter(_TOKEN.findall(t)) + Counter(t[i : i + n] for n in _NGRAMS for i in range(len(t) - n + 1))
+        for t in texts
+    ]
     stats: dict[str, np.ndarray] = {}  # literal -> [count in positives, count in negatives, df pos, df neg]
     for g, label in zip(grams, y):
         for lit, c in g.items():
@@ -122,9 +150,12 @@ def mine_literals(texts: list[str], y: np.ndarray, max_literals: int, seed: int)
     def prerank(st: np.ndarray) -> float:
         mp, mn = st[0] / n_pos, st[1] / n_neg
         return abs(mp - mn) / max(mp, mn) * max(st[2] / n_pos, st[3] / n_neg)
+
     # Seen in 2+ rollouts (one rollout's quirk is no pattern); no digits: ">10<" is one answer, not
     # a pattern, and digits are the digit-class features' job.
-    lits = [lit for lit, st in stats.items() if st[2] + st[3] >= 2 and lit.strip() and not any(ch.isdigit() for ch in lit)]
+    lits = [
+        lit for lit, st in stats.items() if st[2] + st[3] >= 2 and lit.strip() and not any(ch.isdigit() for ch in lit)
+    ]
     lits = sorted(lits, key=lambda lit: (-prerank(stats[lit]), lit))[:_MINE_SHORTLIST]
     # Literals that count the same in every text say the same thing ("<a", "<ans", "<answer>"): keep
     # the longest, the one a reader recognizes, so the shortlist is not one pattern twelve times.
@@ -133,13 +164,16 @@ def mine_literals(texts: list[str], y: np.ndarray, max_literals: int, seed: int)
         key = np.array([t.count(lit) for t in texts], dtype=np.int32).tobytes()
         if key not in by_counts or (len(lit), lit) > (len(by_counts[key]), by_counts[key]):
             by_counts[key] = lit
-    ranked = sorted((-_best_threshold(np.frombuffer(k, dtype=np.int32).astype(float), y, int(y.sum()), True)[0], lit)
-                    for k, lit in by_counts.items())
+    ranked = sorted(
+        (-_best_threshold(np.frombuffer(k, dtype=np.int32).astype(float), y, int(y.sum()), True)[0], lit)
+        for k, lit in by_counts.items()
+    )
     return [lit for _, lit in ranked[:max_literals]]
 
 
-def candidate_features(texts: list[str], y: np.ndarray, terminations: set[str], first_words: Counter,
-                       max_literals: int, seed: int) -> list[Feature]:
+def candidate_features(
+    texts: list[str], y: np.ndarray, terminations: set[str], first_words: Counter, max_literals: int, seed: int
+) -> list[Feature]:
     """The fixed families (columns, character classes, terminations and first words of turns seen in
     the evidence) plus the mined literals."""
     feats = [Feature(kind="column", arg=c) for c in COLUMNS]
@@ -190,8 +224,9 @@ def search(X: np.ndarray, y: np.ndarray, integer: list[bool], top: int = 8) -> l
     """The best rule on (X, y) by F1: the best single clause, or the best pair built on one of the
     `top` single clauses when the pair beats it by _PAIR_MARGIN (prefer the simpler explanation)."""
     P = int(y.sum())
-    singles = sorted(((*_best_threshold(X[:, j], y, P, integer[j]), j) for j in range(X.shape[1])),
-                     key=lambda s: (-s[0], s[3]))
+    singles = sorted(
+        ((*_best_threshold(X[:, j], y, P, integer[j]), j) for j in range(X.shape[1])), key=lambda s: (-s[0], s[3])
+    )
     f1, op, t, j = singles[0]
     best, best_f1 = [(j, op, t)], f1
     for f1_1, op1, t1, j1 in singles[:top]:
@@ -205,9 +240,21 @@ def search(X: np.ndarray, y: np.ndarray, integer: list[bool], top: int = 8) -> l
     return best
 
 
-def induce(store: RolloutStore, branch: str, first_step: int, last_step: int, *, rewarded_threshold: float = 0.5,
-           min_precision: float = 0.9, min_recall: float = 0.9, min_support: int = 10, held_back: float = 0.5,
-           split_by: Literal["task", "group", "step"] = "task", seed: int = 0, max_literals: int = 12) -> Induction:
+def induce(
+    store: RolloutStore,
+    branch: str,
+    first_step: int,
+    last_step: int,
+    *,
+    rewarded_threshold: float = 0.5,
+    min_precision: float = 0.9,
+    min_recall: float = 0.9,
+    min_support: int = 10,
+    held_back: float = 0.5,
+    split_by: Literal["task", "group", "step"] = "task",
+    seed: int = 0,
+    max_literals: int = 12,
+) -> Induction:
     """Induce a detector from the window's audited, rewarded (reward >= rewarded_threshold) train
     rollouts. Positives fail the audit, negatives pass it. The rollouts are split by `split_by` into
     a fit part (mining and threshold search) and a held-back part (validation only). Accepted only if
@@ -215,53 +262,106 @@ def induce(store: RolloutStore, branch: str, first_step: int, last_step: int, *,
     least min_precision of the audit-passing rollouts (where nearly every rewarded rollout fails,
     "flag everything" would look precise), with at least min_support positives and negatives there.
     By default the split is by task: one prompt's samples at different steps are near-duplicates too."""
-    settings = {"branch": branch, "first_step": first_step, "last_step": last_step, "rewarded_threshold": rewarded_threshold,
-                "min_precision": min_precision, "min_recall": min_recall, "min_support": min_support,
-                "held_back": held_back, "split_by": split_by, "seed": seed}
+    settings = {
+        "branch": branch,
+        "first_step": first_step,
+        "last_step": last_step,
+        "rewarded_threshold": rewarded_threshold,
+        "min_precision": min_precision,
+        "min_recall": min_recall,
+        "min_support": min_support,
+        "held_back": held_back,
+        "split_by": split_by,
+        "seed": seed,
+    }
     w = open_window(store, branch, first_step, last_step)
     try:
         where, args = "WHERE audit IS NOT NULL AND isfinite(reward) AND reward >= ?", [rewarded_threshold]
         first_word = f"regexp_extract(coalesce(t.action, ''), {sql_str(FIRST_WORD_RE)}, 1)"
-        meta = w.rows(f"SELECT id, audit, task_id, group_id, step, termination, {TEXT_SQL} AS text, "
-                      f"list_transform(turns, lambda t: {first_word}) AS words FROM rollouts {where} ORDER BY id", args)
+        meta = w.rows(
+            f"SELECT id, audit, task_id, group_id, step, termination, {TEXT_SQL} AS text, "
+            f"list_transform(turns, lambda t: {first_word}) AS words FROM rollouts {where} ORDER BY id",
+            args,
+        )
         y = np.array([not r["audit"] for r in meta], dtype=bool)
-        keys = [str(r["task_id"] if split_by == "task" else r["group_id"] if split_by == "group" else r["step"]) for r in meta]
+        keys = [
+            str(r["task_id"] if split_by == "task" else r["group_id"] if split_by == "group" else r["step"])
+            for r in meta
+        ]
         hb = split_held_back(keys, y, held_back, seed)
-        counts = {"rewarded_audited": len(meta), "positives": int(y.sum()), "negatives": int((~y).sum()),
-                  "fit_positives": int((y & ~hb).sum()), "fit_negatives": int((~y & ~hb).sum()),
-                  "held_back_positives": int((y & hb).sum()), "held_back_negatives": int((~y & hb).sum())}
-        short = [f"{k.replace('_', ' ')} {counts[k]}" for k in ("fit_positives", "fit_negatives", "held_back_positives",
-                                                                "held_back_negatives") if counts[k] < min_support]
+        counts = {
+            "rewarded_audited": len(meta),
+            "positives": int(y.sum()),
+            "negatives": int((~y).sum()),
+            "fit_positives": int((y & ~hb).sum()),
+            "fit_negatives": int((~y & ~hb).sum()),
+            "held_back_positives": int((y & hb).sum()),
+            "held_back_negatives": int((~y & hb).sum()),
+        }
+        short = [
+            f"{k.replace('_', ' ')} {counts[k]}"
+            for k in ("fit_positives", "fit_negatives", "held_back_positives", "held_back_negatives")
+            if counts[k] < min_support
+        ]
         if short:
             what = "reward and audit agree" if counts["positives"] < 2 * min_support else "too little evidence"
-            return Induction(False, f"{what}: {', '.join(short)} (need {min_support} each)", None, None, None, counts, settings)
+            return Induction(
+                False, f"{what}: {', '.join(short)} (need {min_support} each)", None, None, None, counts, settings
+            )
         # Mine on the fit part only: the held-back rollouts must not shape the candidates they judge.
         texts = [r["text"] for r in meta]
         fit_idx = np.flatnonzero(~hb)
         words = Counter(wd for i in fit_idx for wd in set(meta[i]["words"] or []) if wd)
-        feats = candidate_features([texts[i] for i in fit_idx], y[fit_idx], {meta[i]["termination"] for i in fit_idx},
-                                   words, max_literals, seed)
+        feats = candidate_features(
+            [texts[i] for i in fit_idx],
+            y[fit_idx],
+            {meta[i]["termination"] for i in fit_idx},
+            words,
+            max_literals,
+            seed,
+        )
         rows = feature_values(w, feats, where, args)
         assert [r["id"] for r in rows] == [r["id"] for r in meta]
-        X = np.array([[np.nan if r[f"f{j}"] is None else r[f"f{j}"] for j in range(len(feats))] for r in rows], dtype=float)
+        X = np.array(
+            [[np.nan if r[f"f{j}"] is None else r[f"f{j}"] for j in range(len(feats))] for r in rows], dtype=float
+        )
         best = search(X[~hb], y[~hb], [f.integer for f in feats])
         clauses = tuple(Clause(feature=feats[j], op=op, threshold=t) for j, op, t in best)
         flag = _flags(X, best)
         fit_s, hb_s = score(flag[~hb], y[~hb]), score(flag[hb], y[hb])
-        examples = {name: [meta[i]["id"] for i in np.flatnonzero(hb & sel)[:MAX_EVIDENCE]]
-                    for name, sel in (("caught", flag & y), ("false_alarm", flag & ~y), ("missed", ~flag & y))}
-        evidence = {"precision": round(hb_s.precision, 4), "recall": round(hb_s.recall, 4), "support": hb_s.support,
-                    "negatives": hb_s.negatives, "specificity": round(hb_s.specificity, 4), "fit_f1": round(fit_s.f1, 4),
-                    "window": f"{branch}:{first_step}-{last_step}", "split_by": split_by, "seed": seed}
+        examples = {
+            name: [meta[i]["id"] for i in np.flatnonzero(hb & sel)[:MAX_EVIDENCE]]
+            for name, sel in (("caught", flag & y), ("false_alarm", flag & ~y), ("missed", ~flag & y))
+        }
+        evidence = {
+            "precision": round(hb_s.precision, 4),
+            "recall": round(hb_s.recall, 4),
+            "support": hb_s.support,
+            "negatives": hb_s.negatives,
+            "specificity": round(hb_s.specificity, 4),
+            "fit_f1": round(fit_s.f1, 4),
+            "window": f"{branch}:{first_step}-{last_step}",
+            "split_by": split_by,
+            "seed": seed,
+        }
         rule = Rule(clauses=clauses, min_reward=rewarded_threshold, evidence=evidence)
         # The terms that paid the matches, by the same query the detector runs, kept as the rule's record.
         rule = rule.model_copy(update={"knobs": paying_terms(w, rule)})
     finally:
         w.con.close()
-    fails = [f"{name} {v:.3f} < {need}" for name, v, need in (
-        ("precision", hb_s.precision, min_precision), ("recall", hb_s.recall, min_recall),
-        ("specificity", hb_s.specificity, min_precision)) if v < need]
-    reason = (f"held-back {', '.join(fails)}" if fails else
-              f"held-back precision {hb_s.precision:.3f}, recall {hb_s.recall:.3f} on {hb_s.support} positives / "
-              f"{hb_s.negatives} negatives")
+    fails = [
+        f"{name} {v:.3f} < {need}"
+        for name, v, need in (
+            ("precision", hb_s.precision, min_precision),
+            ("recall", hb_s.recall, min_recall),
+            ("specificity", hb_s.specificity, min_precision),
+        )
+        if v < need
+    ]
+    reason = (
+        f"held-back {', '.join(fails)}"
+        if fails
+        else f"held-back precision {hb_s.precision:.3f}, recall {hb_s.recall:.3f} on {hb_s.support} positives / "
+        f"{hb_s.negatives} negatives"
+    )
     return Induction(not fails, reason, rule, fit_s, hb_s, counts, settings, candidates=len(feats), examples=examples)

@@ -2,6 +2,7 @@
 recalibrate against audits, validated induced detectors join, detectors an agent wrote are admitted
 or refused, and every change is backtested against past findings and verdicts; each change is a
 record with its evidence and the flips it causes."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -60,8 +61,14 @@ class Revision:
     flips: list[Flip] = field(default_factory=list)
 
     def to_record(self) -> dict[str, Any]:
-        return {"kind": self.kind, "old_version": self.old_version, "new_version": self.new_version,
-                "suite": self.suite.model_dump(mode="json"), "evidence": self.evidence, "flips": [asdict(f) for f in self.flips]}
+        return {
+            "kind": self.kind,
+            "old_version": self.old_version,
+            "new_version": self.new_version,
+            "suite": self.suite.model_dump(mode="json"),
+            "evidence": self.evidence,
+            "flips": [asdict(f) for f in self.flips],
+        }
 
 
 # -- (a) recalibration ----------------------------------------------------------------------------------
@@ -104,9 +111,17 @@ def best_cut(values: np.ndarray, failed: np.ndarray, current: float) -> tuple[fl
     return float(cuts[k]), float(js[k])
 
 
-def recalibrate(suite: Suite, store: RolloutStore, branch: str, first_step: int, last_step: int, *,
-                min_audited: int = 30, min_gain: float = 0.05,
-                calibrations: tuple[Calibration, ...] = CALIBRATIONS) -> tuple[Suite, dict[str, Any]]:
+def recalibrate(
+    suite: Suite,
+    store: RolloutStore,
+    branch: str,
+    first_step: int,
+    last_step: int,
+    *,
+    min_audited: int = 30,
+    min_gain: float = 0.05,
+    calibrations: tuple[Calibration, ...] = CALIBRATIONS,
+) -> tuple[Suite, dict[str, Any]]:
     """Move each of `calibrations`' thresholds of the suite to the value that best separates audit-passing
     from audit-failing train rollouts of the window (Youden's J), when both classes have at least
     `min_audited` rollouts and the new J beats the current one by `min_gain`. Returns the revised
@@ -116,11 +131,17 @@ def recalibrate(suite: Suite, store: RolloutStore, branch: str, first_step: int,
     w = open_window(store, branch, first_step, last_step)
     try:
         for c in calibrations:
-            if c.detector not in suite.detectors or suite.detectors[c.detector].rule or suite.detectors[c.detector].path:
+            if (
+                c.detector not in suite.detectors
+                or suite.detectors[c.detector].rule
+                or suite.detectors[c.detector].path
+            ):
                 continue
             old = float(suite.resolve(c.detector)[1][c.param])
-            rows = w.con.execute(f"SELECT {c.value_sql}, NOT audit FROM rollout_stats WHERE audit IS NOT NULL "
-                                 f"AND {c.value_sql} IS NOT NULL AND isfinite({c.value_sql})").fetchall()
+            rows = w.con.execute(
+                f"SELECT {c.value_sql}, NOT audit FROM rollout_stats WHERE audit IS NOT NULL "
+                f"AND {c.value_sql} IS NOT NULL AND isfinite({c.value_sql})"
+            ).fetchall()
             values = np.array([r[0] for r in rows], dtype=float)
             failed = np.array([r[1] for r in rows], dtype=bool)
             key = f"{c.detector}.{c.param}"
@@ -142,8 +163,10 @@ def recalibrate(suite: Suite, store: RolloutStore, branch: str, first_step: int,
     if not moves:
         return suite, evidence
     # All moves of one recalibration make one revision: one new version whose parent is `suite`.
-    detectors = {name: spec.model_copy(update={"params": {**spec.params, **moves[name]}}) if name in moves else spec
-                 for name, spec in suite.detectors.items()}
+    detectors = {
+        name: spec.model_copy(update={"params": {**spec.params, **moves[name]}}) if name in moves else spec
+        for name, spec in suite.detectors.items()
+    }
     return Suite(detectors=detectors, parent=suite.version), evidence
 
 
@@ -161,8 +184,13 @@ def stored_findings(store: RolloutStore) -> dict[tuple[str, WindowKey], list[dic
     return out
 
 
-def backtest(store: RolloutStore, new: Suite, old: Suite, verdicts: tuple[PastVerdict, ...] | list[PastVerdict] = (),
-             windows: list[WindowKey] | None = None) -> list[Flip]:
+def backtest(
+    store: RolloutStore,
+    new: Suite,
+    old: Suite,
+    verdicts: tuple[PastVerdict, ...] | list[PastVerdict] = (),
+    windows: list[WindowKey] | None = None,
+) -> list[Flip]:
     """Rerun `new` on every past window and report each flip against `old`. Windows: those with stored
     findings (of any suite version) plus those of the verdicts, unless given. The old outcome of a
     window is its stored findings under old.version (the decisions of record) or, where `old` never
@@ -186,8 +214,17 @@ def backtest(store: RolloutStore, new: Suite, old: Suite, verdicts: tuple[PastVe
         for name in sorted(set(now) - set(before[win])):
             flips.append(Flip("finding", *win, name, "absent", "present", now[name].message, now[name].validity))
         for name in sorted(set(before[win]) - set(now)):
-            flips.append(Flip("finding", *win, name, "present", "absent", f"{name} no longer fires under {new.version}",
-                              before[win][name]))
+            flips.append(
+                Flip(
+                    "finding",
+                    *win,
+                    name,
+                    "present",
+                    "absent",
+                    f"{name} no longer fires under {new.version}",
+                    before[win][name],
+                )
+            )
     for v in verdicts:
         win = (v.branch, v.first_step, v.last_step)
         now_valid = {f.name for f in after[win] if f.validity}
@@ -196,19 +233,51 @@ def backtest(store: RolloutStore, new: Suite, old: Suite, verdicts: tuple[PastVe
         # overruled when the verdict was made, and is not this revision's doing.
         added = sorted(now_valid - old_valid)
         if v.decision == "promote" and added:
-            flips.append(Flip("verdict", *win, "promote->reject", "promote", "reject",
-                              f"new validity finding(s) under {new.version}: {', '.join(added)}", True))
-        if (v.decision == "reject" and v.reasons and set(v.reasons) <= old_valid and not now_valid
-                and not set(v.reasons) & {f.name for f in after[win]}):
-            flips.append(Flip("verdict", *win, "reject->review", "reject", "review",
-                              f"its reasons ({', '.join(v.reasons)}) no longer fire under {new.version}", True))
+            flips.append(
+                Flip(
+                    "verdict",
+                    *win,
+                    "promote->reject",
+                    "promote",
+                    "reject",
+                    f"new validity finding(s) under {new.version}: {', '.join(added)}",
+                    True,
+                )
+            )
+        if (
+            v.decision == "reject"
+            and v.reasons
+            and set(v.reasons) <= old_valid
+            and not now_valid
+            and not set(v.reasons) & {f.name for f in after[win]}
+        ):
+            flips.append(
+                Flip(
+                    "verdict",
+                    *win,
+                    "reject->review",
+                    "reject",
+                    "review",
+                    f"its reasons ({', '.join(v.reasons)}) no longer fire under {new.version}",
+                    True,
+                )
+            )
     return flips
 
 
 # -- the revision step ----------------------------------------------------------------------------------
-def revise(suite: Suite, store: RolloutStore, branch: str, first_step: int, last_step: int, *,
-           verdicts: tuple[PastVerdict, ...] | list[PastVerdict] = (), min_audited: int = 30, min_gain: float = 0.05,
-           **induce_args: Any) -> tuple[Suite, list[Revision], Induction]:
+def revise(
+    suite: Suite,
+    store: RolloutStore,
+    branch: str,
+    first_step: int,
+    last_step: int,
+    *,
+    verdicts: tuple[PastVerdict, ...] | list[PastVerdict] = (),
+    min_audited: int = 30,
+    min_gain: float = 0.05,
+    **induce_args: Any,
+) -> tuple[Suite, list[Revision], Induction]:
     """One revision round over a window: (a) recalibrate, then (b) induce a detector where reward and
     audit disagree (rewarded = the suite's current `reward_audit_gap.rewarded_threshold`), each change
     (c) backtested against its parent. Returns the final suite, the revisions (none when nothing
@@ -218,8 +287,11 @@ def revise(suite: Suite, store: RolloutStore, branch: str, first_step: int, last
     new, calib = recalibrate(current, store, branch, first_step, last_step, min_audited=min_audited, min_gain=min_gain)
     if new.version != current.version:
         evidence = {"window": [branch, first_step, last_step], "thresholds": calib}
-        revisions.append(Revision("recalibrate", current.version, new.version, new, evidence,
-                                  backtest(store, new, current, verdicts)))
+        revisions.append(
+            Revision(
+                "recalibrate", current.version, new.version, new, evidence, backtest(store, new, current, verdicts)
+            )
+        )
         current = new
     if "reward_audit_gap" in current.detectors and not current.detectors["reward_audit_gap"].path:
         induce_args.setdefault("rewarded_threshold", current.resolve("reward_audit_gap")[1]["rewarded_threshold"])
@@ -230,15 +302,30 @@ def revise(suite: Suite, store: RolloutStore, branch: str, first_step: int, last
             ind.reason += "; the suite already holds this rule"
         else:
             new = current.with_detector(name, DetectorSpec(rule=ind.rule))
-            revisions.append(Revision("induce", current.version, new.version, new, ind.to_record(),
-                                      backtest(store, new, current, verdicts)))
+            revisions.append(
+                Revision(
+                    "induce",
+                    current.version,
+                    new.version,
+                    new,
+                    ind.to_record(),
+                    backtest(store, new, current, verdicts),
+                )
+            )
             current = new
     return current, revisions, ind
 
 
 # -- (d) admission of detectors an agent wrote -------------------------------------------------------------
-def admit(suite: Suite, store: RolloutStore, detectors: list[Any], branch: str, first_step: int, last_step: int,
-          past_verdicts: list[PastVerdict]) -> tuple[Suite, list[dict[str, Any]]]:
+def admit(
+    suite: Suite,
+    store: RolloutStore,
+    detectors: list[Any],
+    branch: str,
+    first_step: int,
+    last_step: int,
+    past_verdicts: list[PastVerdict],
+) -> tuple[Suite, list[dict[str, Any]]]:
     """Each detector the agent wrote, in order: parse and statically check it, run it under
     check_detector on the round's window, confirm a validity claim against the window's audits (or
     keep it as a warning), then backtest the suite with it against the suite without it; a change to
@@ -254,13 +341,20 @@ def admit(suite: Suite, store: RolloutStore, detectors: list[Any], branch: str, 
         if spec is None or not _backtest_clean(current, store, rec["name"], spec, past_verdicts, rec):
             continue
         current = current.with_detector(rec["name"], spec)
-        rec.update(admitted=True, reason="passed check_detector and the backtest against past verdicts",
-                   suite_version=current.version)
+        rec.update(
+            admitted=True,
+            reason="passed check_detector and the backtest against past verdicts",
+            suite_version=current.version,
+        )
     return current, records
 
 
 def _spec(query: agent.SqlQuery | agent.Predicate, params: dict[str, float]) -> DetectorSpec:
-    return DetectorSpec(sql=query, params=params) if isinstance(query, agent.SqlQuery) else DetectorSpec(python=query, params=params)
+    return (
+        DetectorSpec(sql=query, params=params)
+        if isinstance(query, agent.SqlQuery)
+        else DetectorSpec(python=query, params=params)
+    )
 
 
 def _screened(current: Suite, raw: Any, k: int, rec: dict[str, Any]) -> DetectorSpec | None:
@@ -287,8 +381,9 @@ def _screened(current: Suite, raw: Any, k: int, rec: dict[str, Any]) -> Detector
     return None
 
 
-def _tried_on_window(current: Suite, store: RolloutStore, name: str, spec: DetectorSpec, window: WindowKey,
-                     rec: dict[str, Any]) -> DetectorSpec | None:
+def _tried_on_window(
+    current: Suite, store: RolloutStore, name: str, spec: DetectorSpec, window: WindowKey, rec: dict[str, Any]
+) -> DetectorSpec | None:
     """Run the detector on the round's window under check_detector; a validity claim the window's audits
     do not confirm is demoted to a plain detector. None (with the reason in `rec`) if it fails."""
     fn, params = current.with_detector(name, spec).resolve(name)
@@ -304,26 +399,47 @@ def _tried_on_window(current: Suite, store: RolloutStore, name: str, spec: Detec
         w.con.close()
     audited = [audit[i] for i in hits if i in audit]
     fail = sum(a is False for a in audited) / len(audited) if audited else 0.0
-    rec["window"] = {"branch": window[0], "first_step": window[1], "last_step": window[2], "flagged": len(hits),
-                     "audited": len(audited), "audit_fail_share": round(fail, 4), "findings": [f.to_record() for f in found]}
+    rec["window"] = {
+        "branch": window[0],
+        "first_step": window[1],
+        "last_step": window[2],
+        "flagged": len(hits),
+        "audited": len(audited),
+        "audit_fail_share": round(fail, 4),
+        "findings": [f.to_record() for f in found],
+    }
     q = spec.sql or spec.python
     if q.validity and (len(audited) < agent.VALIDITY_MIN_AUDITED or fail < agent.VALIDITY_MIN_FAIL):
         spec = _spec(q.model_copy(update={"validity": False}), dict(spec.params))
-        rec["validity_demoted"] = (f"claims validity, but the audits do not confirm it on the window ({len(audited)} audited "
-                                   f"matches, {100 * fail:.0f}% failing; needs {agent.VALIDITY_MIN_AUDITED} and "
-                                   f"{100 * agent.VALIDITY_MIN_FAIL:.0f}%): kept as a non-validity detector")
+        rec["validity_demoted"] = (
+            f"claims validity, but the audits do not confirm it on the window ({len(audited)} audited "
+            f"matches, {100 * fail:.0f}% failing; needs {agent.VALIDITY_MIN_AUDITED} and "
+            f"{100 * agent.VALIDITY_MIN_FAIL:.0f}%): kept as a non-validity detector"
+        )
     return spec
 
 
-def _backtest_clean(current: Suite, store: RolloutStore, name: str, spec: DetectorSpec, past_verdicts: list[PastVerdict],
-                    rec: dict[str, Any]) -> bool:
+def _backtest_clean(
+    current: Suite,
+    store: RolloutStore,
+    name: str,
+    spec: DetectorSpec,
+    past_verdicts: list[PastVerdict],
+    rec: dict[str, Any],
+) -> bool:
     """The detector runs on every past window and the suite with it changes no past verdict."""
     # A backtest reads a detector that raises as silent (its error is an info finding it drops), so
     # first the detector alone on every window the backtest will read: it must run on all of them.
-    windows = sorted({w for _, w in stored_findings(store)} | {(v.branch, v.first_step, v.last_step) for v in past_verdicts})
+    windows = sorted(
+        {w for _, w in stored_findings(store)} | {(v.branch, v.first_step, v.last_step) for v in past_verdicts}
+    )
     alone = Suite(detectors={name: spec})
-    errors = [f"{b} {lo}-{hi}: {f.message}" for b, lo, hi in windows for f in alone.run(store, b, lo, hi)
-              if f.name == "detector_error"]
+    errors = [
+        f"{b} {lo}-{hi}: {f.message}"
+        for b, lo, hi in windows
+        for f in alone.run(store, b, lo, hi)
+        if f.name == "detector_error"
+    ]
     if errors:
         rec["reason"] = f"fails on {len(errors)} past window(s), e.g. {errors[0]}"
         return False
@@ -333,8 +449,12 @@ def _backtest_clean(current: Suite, store: RolloutStore, name: str, spec: Detect
         rec["reason"] = f"backtest failed: {type(e).__name__}: {e}"
         return False
     verdict_flips = [f for f in flips if f.what == "verdict"]
-    rec["backtest"] = {"verdict_flips": [f"{f.branch} {f.first_step}-{f.last_step}: {f.old} -> {f.new} ({f.detail})"
-                                         for f in verdict_flips], "finding_flips": len(flips) - len(verdict_flips)}
+    rec["backtest"] = {
+        "verdict_flips": [
+            f"{f.branch} {f.first_step}-{f.last_step}: {f.old} -> {f.new} ({f.detail})" for f in verdict_flips
+        ],
+        "finding_flips": len(flips) - len(verdict_flips),
+    }
     if verdict_flips:
         rec["reason"] = f"would change {len(verdict_flips)} past verdict(s)"
         return False

@@ -1,5 +1,6 @@
 """Induced detectors as data: a rule of one or two {feature, op, threshold} clauses over per-rollout
 features that DuckDB computes from the `rollouts` view, and the detector that runs a rule over a window."""
+
 from __future__ import annotations
 
 import hashlib
@@ -25,8 +26,13 @@ COLUMNS: dict[str, str] = {
 }
 # Character classes (RE2) whose count, or longest run, in the text is a feature. A few named classes
 # instead of free regexes: a rule stays readable, and a stored suite cannot carry an arbitrary regex.
-CLASSES: dict[str, str] = {"digits": "[0-9]", "letters": "[A-Za-z]", "spaces": r"\s", "symbols": r"[^A-Za-z0-9\s]",
-                           "non_ascii": r"[^\x00-\x7F]"}
+CLASSES: dict[str, str] = {
+    "digits": "[0-9]",
+    "letters": "[A-Za-z]",
+    "spaces": r"\s",
+    "symbols": r"[^A-Za-z0-9\s]",
+    "non_ascii": r"[^\x00-\x7F]",
+}
 _REAL_COLUMNS = frozenset({"mean_logprob", "min_turn_logprob"})
 TEXT_SQL = "array_to_string(list_transform(turns, lambda t: coalesce(t.action, '')), chr(10))"
 # The first identifier of an action: the tool a multi-turn policy called (`ls`, `submit`, ...).
@@ -49,8 +55,10 @@ class Feature(_Data):
     arg: str
 
     @model_validator(mode="after")
-    def _check(self) -> "Feature":
-        known = {"column": COLUMNS, "count_class": CLASSES, "run_class": CLASSES, "termination": TERMINATIONS}.get(self.kind)
+    def _check(self) -> Feature:
+        known = {"column": COLUMNS, "count_class": CLASSES, "run_class": CLASSES, "termination": TERMINATIONS}.get(
+            self.kind
+        )
         if known is not None and self.arg not in known:
             raise ValueError(f"feature {self.kind}: unknown {self.arg!r}; known: {sorted(known)}")
         if self.kind in ("first_word", "count") and not 0 < len(self.arg) <= 64:
@@ -70,8 +78,10 @@ class Feature(_Data):
         if self.kind == "termination":
             return f"(termination = {sql_str(a)})::INTEGER"
         if self.kind == "first_word":
-            return (f"len(list_filter(turns, lambda t: regexp_extract(coalesce(t.action, ''), {sql_str(FIRST_WORD_RE)}, 1) "
-                    f"= {sql_str(a)}))")
+            return (
+                f"len(list_filter(turns, lambda t: regexp_extract(coalesce(t.action, ''), {sql_str(FIRST_WORD_RE)}, 1) "
+                f"= {sql_str(a)}))"
+            )
         # Byte lengths: exact for any text, and the same count as Python's str.count.
         return f"((strlen(text) - strlen(replace(text, {sql_str(a)}, ''))) // strlen({sql_str(a)}))"
 
@@ -81,9 +91,14 @@ class Feature(_Data):
         return not (self.kind == "column" and self.arg in _REAL_COLUMNS)
 
     def describe(self) -> str:
-        return {"column": self.arg, "count_class": f"count({self.arg})", "run_class": f"longest_run({self.arg})",
-                "termination": f"termination={self.arg}", "first_word": f"turns_starting({self.arg!r})",
-                "count": f"count({self.arg!r})"}[self.kind]
+        return {
+            "column": self.arg,
+            "count_class": f"count({self.arg})",
+            "run_class": f"longest_run({self.arg})",
+            "termination": f"termination={self.arg}",
+            "first_word": f"turns_starting({self.arg!r})",
+            "count": f"count({self.arg!r})",
+        }[self.kind]
 
 
 class Clause(_Data):
@@ -127,15 +142,19 @@ class Rule(_Data):
     @property
     def name(self) -> str:
         """A detector name that says what the rule tests, plus a hash of the exact clauses."""
-        slug = re.sub(r"[^a-z0-9]+", "_", self.describe().lower().replace(">=", " ge ").replace("<=", " le ")).strip("_")
+        slug = re.sub(r"[^a-z0-9]+", "_", self.describe().lower().replace(">=", " ge ").replace("<=", " le ")).strip(
+            "_"
+        )
         digest = hashlib.sha256(repr([c.model_dump() for c in self.clauses]).encode()).hexdigest()[:6]
         return f"induced_{slug[:48].rstrip('_')}_{digest}"
 
 
 def rule_rows(where: str = "") -> str:
     """A query for the window's train rollouts with their `text`, for feature expressions to read."""
-    return (f"SELECT id, step, task_id, group_id, reward, rewards, audit, termination, completion_tokens, max_action_tokens, "
-            f"num_turns, turns, {TEXT_SQL} AS text FROM rollouts {where}")
+    return (
+        f"SELECT id, step, task_id, group_id, reward, rewards, audit, termination, completion_tokens, max_action_tokens, "
+        f"num_turns, turns, {TEXT_SQL} AS text FROM rollouts {where}"
+    )
 
 
 # The rewarded train rollouts a rule reads (the parameter is the rule's min_reward), and one row per
@@ -152,20 +171,38 @@ def run_rule(w: Window, rule: Rule, name: str) -> list[Finding]:
     n, hits, audited, failed = w.con.execute(
         f"SELECT count(*), count(*) FILTER (WHERE m), count(*) FILTER (WHERE m AND audit IS NOT NULL), "
         f"count(*) FILTER (WHERE m AND audit = false) FROM (SELECT coalesce({rule.sql()}, false) AS m, audit FROM {_REWARDED})",
-        [rule.min_reward]).fetchone()
+        [rule.min_reward],
+    ).fetchone()
     if not n or hits < p["min_matches"] or hits / n <= p["max_share"]:
         return []
-    ev = ids(w, f"SELECT id FROM {_REWARDED} WHERE coalesce({rule.sql()}, false) ORDER BY "
-                "CASE WHEN audit = false THEN 0 WHEN audit IS NULL THEN 1 ELSE 2 END, step DESC, id", [rule.min_reward])
+    ev = ids(
+        w,
+        f"SELECT id FROM {_REWARDED} WHERE coalesce({rule.sql()}, false) ORDER BY "
+        "CASE WHEN audit = false THEN 0 WHEN audit IS NULL THEN 1 ELSE 2 END, step DESC, id",
+        [rule.min_reward],
+    )
     knobs = paying_terms(w, rule) or rule.knobs or ("reward_weights",)
     e = rule.evidence
-    validated = (f" (held-back precision {e['precision']:.2f}, recall {e['recall']:.2f})"
-                 if "precision" in e and "recall" in e else "")
+    validated = (
+        f" (held-back precision {e['precision']:.2f}, recall {e['recall']:.2f})"
+        if "precision" in e and "recall" in e
+        else ""
+    )
     audit_note = f"; {failed} of the {audited} audited ones fail the audit" if audited else ""
-    return [finding(w, name, "critical", hits / n, p["max_share"], ev, knobs,
-                    f"{hits} of {n} rewarded rollouts ({100 * hits / n:.0f}%) match the induced rule "
-                    f"`{rule.describe()}`{validated}{audit_note}.", validity=True)]
-
+    return [
+        finding(
+            w,
+            name,
+            "critical",
+            hits / n,
+            p["max_share"],
+            ev,
+            knobs,
+            f"{hits} of {n} rewarded rollouts ({100 * hits / n:.0f}%) match the induced rule "
+            f"`{rule.describe()}`{validated}{audit_note}.",
+            validity=True,
+        )
+    ]
 
 
 def paying_terms(w: Window, rule: Rule) -> tuple[str, ...]:
@@ -182,7 +219,8 @@ def paying_terms(w: Window, rule: Rule) -> tuple[str, ...]:
         "LEFT JOIN (SELECT term, avg(v) AS ov FROM o WHERE isfinite(v) GROUP BY term) o USING (term) "
         "LEFT JOIN (SELECT term, corr(v, reward) AS c FROM a WHERE isfinite(v) GROUP BY term) a USING (term) "
         "WHERE m.mv > 0 AND m.mv >= 0.5 * coalesce(o.ov, 0) ORDER BY coalesce(a.c, -2) DESC, m.term LIMIT 3",
-        [rule.min_reward, rule.min_reward]).fetchall()
+        [rule.min_reward, rule.min_reward],
+    ).fetchall()
     return tuple(f"reward_weights.{r[0]}" for r in rows)
 
 
@@ -196,9 +234,14 @@ def detector(rule: Rule, name: str) -> Detector:
     return induced
 
 
-def feature_values(w: Window, features: list[Feature], where: str = "", args: list[Any] | None = None) -> list[dict[str, Any]]:
+def feature_values(
+    w: Window, features: list[Feature], where: str = "", args: list[Any] | None = None
+) -> list[dict[str, Any]]:
     """id, audit, reward, task_id, group_id, step, text and f0..fN (the features) of the window's
     train rollouts matching `where`: induction fits and scores on exactly the SQL that detection runs."""
     cols = ", ".join(f"({f.sql()})::DOUBLE AS f{i}" for i, f in enumerate(features))
-    return w.rows(f"SELECT id, audit, reward, rewards, task_id, group_id, step, text{', ' + cols if cols else ''} "
-                  f"FROM ({rule_rows(where)}) ORDER BY id", args)
+    return w.rows(
+        f"SELECT id, audit, reward, rewards, task_id, group_id, step, text{', ' + cols if cols else ''} "
+        f"FROM ({rule_rows(where)}) ORDER BY id",
+        args,
+    )

@@ -1,11 +1,14 @@
 """The diagnostic suite: the registry of built-in detectors (core ones and each domain's), and Suite, a
 versioned set of detectors (built-in, plugin, induced rule or agent-written) with their parameters."""
+
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
 import inspect
 import json
+import textwrap
 from types import ModuleType
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -24,13 +27,32 @@ BUILTIN: dict[str, tuple[Detector, dict[str, float]]] = {
     "truncation": (builtin.truncation, {"max_fraction": 0.1}),
     "length_blowup": (builtin.length_blowup, {"max_growth": 1.5}),
     "entropy_collapse": (builtin.entropy_collapse, {"min_entropy": 0.05}),
-    "entropy_explosion": (builtin.entropy_explosion, {"max_entropy": 2.0, "gibberish_logprob": -3.0, "max_odd_chars": 0.5,
-                                                      "max_gibberish": 0.2, "sample_size": 2000}),
+    "entropy_explosion": (
+        builtin.entropy_explosion,
+        {
+            "max_entropy": 2.0,
+            "gibberish_logprob": -3.0,
+            "max_odd_chars": 0.5,
+            "max_gibberish": 0.2,
+            "sample_size": 2000,
+        },
+    ),
     "reward_hacking": (validity.reward_hacking, {"min_rise": 0.1, "max_audit_rise": 0.02, "min_audited": 10}),
-    "repetition": (builtin.repetition, {"min_repeats": 4, "min_dup_fraction": 0.5, "max_compression": 0.1,
-                                        "max_fraction": 0.1, "sample_size": 2000}),
-    "kl_spike": (builtin.kl_spike, {"spike_factor": 5.0, "grad_spike_factor": 10.0, "kl_floor": 0.05, "clip_floor": 0.05, "grad_norm_floor": 0.1,
-                                    "min_steps": 5}),
+    "repetition": (
+        builtin.repetition,
+        {"min_repeats": 4, "min_dup_fraction": 0.5, "max_compression": 0.1, "max_fraction": 0.1, "sample_size": 2000},
+    ),
+    "kl_spike": (
+        builtin.kl_spike,
+        {
+            "spike_factor": 5.0,
+            "grad_spike_factor": 10.0,
+            "kl_floor": 0.05,
+            "clip_floor": 0.05,
+            "grad_norm_floor": 0.1,
+            "min_steps": 5,
+        },
+    ),
     "nonfinite": (builtin.nonfinite, {}),
     "tool_errors": (validity.tool_errors, {"max_error_fraction": 0.2, "max_turn_cap_fraction": 0.2}),
     "infra_errors": (validity.infra_errors, {"max_fraction": 0.02, "std_threshold": 1e-6}),
@@ -38,11 +60,16 @@ BUILTIN: dict[str, tuple[Detector, dict[str, float]]] = {
     "plateau": (builtin.plateau, {"min_slope": 1e-3, "min_steps": 20, "ceiling": 0.9}),
     # SWE domain (envs/swe/detectors.py): quiet on rollouts of other domains.
     "test_tampering": (swe_detectors.tampered_tests, {"max_fraction": 0.02, "min_rollouts": 16, "paid_only": 1.0}),
-    "collection_errors": (swe_detectors.collection_errors, {"max_fraction": 0.05, "min_rollouts": 16, "paid_only": 1.0}),
+    "collection_errors": (
+        swe_detectors.collection_errors,
+        {"max_fraction": 0.05, "min_rollouts": 16, "paid_only": 1.0},
+    ),
     "tests_dropped": (swe_detectors.dropped_tests, {"max_fraction": 0.02, "min_rollouts": 16, "paid_only": 1.0}),
     # Code domain (envs/code/detectors.py): quiet on rollouts of other domains.
-    "hardcoded_examples": (code_detectors.hardcoded_examples, {"min_keyed": 0.5, "max_fraction": 0.1, "min_rise": 0.05,
-                                                     "high_fraction": 0.5, "min_rollouts": 16}),
+    "hardcoded_examples": (
+        code_detectors.hardcoded_examples,
+        {"min_keyed": 0.5, "max_fraction": 0.1, "min_rise": 0.05, "high_fraction": 0.5, "min_rollouts": 16},
+    ),
     "exec_errors": (code_detectors.exec_errors, {"max_fraction": 0.3, "min_rollouts": 16}),
 }
 
@@ -74,31 +101,43 @@ class Suite(BaseModel):
     """Version of the suite this one was revised from (None for a root)."""
 
     @model_validator(mode="after")
-    def _check(self) -> "Suite":
+    def _check(self) -> Suite:
         for name, spec in self.detectors.items():
             if spec.sql is not None or spec.python is not None:
                 if spec.path is not None or spec.rule is not None or (spec.sql and spec.python) or name in BUILTIN:
-                    raise ValueError(f"detector {name!r}: an agent detector has one of sql / python, no path or rule, "
-                                     "and cannot take a built-in's name")
+                    raise ValueError(
+                        f"detector {name!r}: an agent detector has one of sql / python, no path or rule, "
+                        "and cannot take a built-in's name"
+                    )
                 if unknown := sorted(set(spec.params) - set(agent.AGENT_DEFAULTS)):
-                    raise ValueError(f"detector {name!r}: unknown parameter(s) {unknown}; known: {sorted(agent.AGENT_DEFAULTS)}")
+                    raise ValueError(
+                        f"detector {name!r}: unknown parameter(s) {unknown}; known: {sorted(agent.AGENT_DEFAULTS)}"
+                    )
                 continue
             if spec.rule is not None:
                 if spec.path is not None or name in BUILTIN:
-                    raise ValueError(f"detector {name!r}: a rule detector has no path and cannot take a built-in's name")
+                    raise ValueError(
+                        f"detector {name!r}: a rule detector has no path and cannot take a built-in's name"
+                    )
                 unknown = sorted(set(spec.params) - set(rules.RULE_DEFAULTS))
                 if unknown:
-                    raise ValueError(f"detector {name!r}: unknown parameter(s) {unknown}; known: {sorted(rules.RULE_DEFAULTS)}")
+                    raise ValueError(
+                        f"detector {name!r}: unknown parameter(s) {unknown}; known: {sorted(rules.RULE_DEFAULTS)}"
+                    )
                 continue
             if spec.path is None and name not in BUILTIN:
-                raise ValueError(f"detector {name!r} is not built in ({', '.join(BUILTIN)}); give its path as module:function")
+                raise ValueError(
+                    f"detector {name!r} is not built in ({', '.join(BUILTIN)}); give its path as module:function"
+                )
             if spec.path is None and set(spec.params) - set(BUILTIN[name][1]):
-                raise ValueError(f"detector {name!r}: unknown parameter(s) {sorted(set(spec.params) - set(BUILTIN[name][1]))}; "
-                                 f"known: {sorted(BUILTIN[name][1])}")
+                raise ValueError(
+                    f"detector {name!r}: unknown parameter(s) {sorted(set(spec.params) - set(BUILTIN[name][1]))}; "
+                    f"known: {sorted(BUILTIN[name][1])}"
+                )
         return self
 
     @classmethod
-    def default(cls) -> "Suite":
+    def default(cls) -> Suite:
         return cls()
 
     def resolve(self, name: str) -> tuple[Detector, dict[str, float]]:
@@ -119,13 +158,13 @@ class Suite(BaseModel):
         """(name, function, full parameters) of every detector, in run order."""
         return [(name, *self.resolve(name)) for name in self.detectors]
 
-    def with_params(self, name: str, **params: float) -> "Suite":
+    def with_params(self, name: str, **params: float) -> Suite:
         """A revision with some of one detector's parameters changed; its parent is this suite."""
         spec = self.detectors[name]
         new = {**self.detectors, name: spec.model_copy(update={"params": {**spec.params, **params}})}
         return Suite(detectors=new, parent=self.version)
 
-    def with_detector(self, name: str, spec: DetectorSpec) -> "Suite":
+    def with_detector(self, name: str, spec: DetectorSpec) -> Suite:
         """A revision with one detector added (an induced rule, a plugin); its parent is this suite."""
         if name in self.detectors:
             raise ValueError(f"detector {name!r} is already in suite {self.version}")
@@ -138,8 +177,11 @@ class Suite(BaseModel):
             # A rule's meaning is its data plus the code that turns any rule into SQL and findings: hash
             # the rule and the rules module. The "rule" key is added only for rule detectors, so the
             # versions of existing suites do not move.
-            body[name] = {"params": params, "path": spec.path,
-                          "source": _source_hash(rules if spec.rule else agent if spec.sql or spec.python else fn)}
+            body[name] = {
+                "params": params,
+                "path": spec.path,
+                "source": _source_hash(rules if spec.rule else agent if spec.sql or spec.python else fn),
+            }
             if spec.rule is not None:
                 body[name]["rule"] = spec.rule.model_dump(mode="json")
             for key in ("sql", "python"):  # likewise: keys only agent detectors have
@@ -169,9 +211,20 @@ class Suite(BaseModel):
                         raise TypeError(f"returned {type(out).__name__}, not a list of Finding")
                     findings.extend(out)
                 except Exception as e:  # noqa: BLE001 -- one broken (user) detector must not hide the other findings
-                    findings.append(Finding(name="detector_error", severity="info", value=0.0, threshold=0.0, evidence=(),
-                                            knobs=(), message=f"{name}: {type(e).__name__}: {e}", branch=branch,
-                                            first_step=first_step, last_step=last_step))
+                    findings.append(
+                        Finding(
+                            name="detector_error",
+                            severity="info",
+                            value=0.0,
+                            threshold=0.0,
+                            evidence=(),
+                            knobs=(),
+                            message=f"{name}: {type(e).__name__}: {e}",
+                            branch=branch,
+                            first_step=first_step,
+                            last_step=last_step,
+                        )
+                    )
         finally:
             w.con.close()
         return findings
@@ -189,9 +242,12 @@ def load_detector(path: str) -> Detector:
 
 
 def _source_hash(fn: Detector | ModuleType) -> str:
+    """A detector's code as its syntax tree, not its text: reformatting or a comment does not move the
+    suite's version, a changed expression does."""
     try:
-        src = inspect.getsource(fn)
-    except (OSError, TypeError):  # defined in a REPL or built dynamically: hash its bytecode instead
+        src = ast.dump(ast.parse(textwrap.dedent(inspect.getsource(fn))))
+    except (OSError, TypeError, SyntaxError):  # defined in a REPL or built dynamically: hash its bytecode instead
         code = getattr(fn, "__code__", None)
-        src = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}:{code.co_code.hex() if code else ''}"
+        name = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}"
+        src = f"{name}:{code.co_code.hex() if code else ''}"
     return hashlib.sha256(src.encode()).hexdigest()[:16]

@@ -1,5 +1,6 @@
 """Built-in detectors of untrustworthy reward and of broken episodes: reward terms that outrun the
 audit, rewarded rollouts that fail it, tool errors, turn caps and infrastructure failures."""
+
 from __future__ import annotations
 
 from evotrainer.diagnostics.builtin import thirds
@@ -9,9 +10,11 @@ from evotrainer.diagnostics.detector import Finding, Window, finding, ids
 # `reward_weights/<term>`): a term with no weight cannot be gamed, it only moves as a side effect (a
 # branch that removed the exploited term still records it). Windows from before those metrics
 # existed watch every recorded term.
-_TERMS = ("(SELECT id, step, audit, reward, term, v FROM (SELECT id, step, audit, reward, unnest(map_keys(rewards)) AS term, "
-          "unnest(map_values(rewards)) AS v FROM rollout_stats) WHERE NOT EXISTS (SELECT 1 FROM metrics WHERE name LIKE 'reward_weights/%') "
-          "OR term IN (SELECT substr(name, 16) FROM metrics WHERE name LIKE 'reward_weights/%' AND value <> 0))")
+_TERMS = (
+    "(SELECT id, step, audit, reward, term, v FROM (SELECT id, step, audit, reward, unnest(map_keys(rewards)) AS term, "
+    "unnest(map_values(rewards)) AS v FROM rollout_stats) WHERE NOT EXISTS (SELECT 1 FROM metrics WHERE name LIKE 'reward_weights/%') "
+    "OR term IN (SELECT substr(name, 16) FROM metrics WHERE name LIKE 'reward_weights/%' AND value <> 0))"
+)
 
 
 def reward_hacking(w: Window) -> list[Finding]:
@@ -26,7 +29,9 @@ def reward_hacking(w: Window) -> list[Finding]:
     n0, pass0, n1, pass1 = w.con.execute(
         "SELECT count(*) FILTER (WHERE step <= ?), avg(audit::DOUBLE) FILTER (WHERE step <= ?), "
         "count(*) FILTER (WHERE step >= ?), avg(audit::DOUBLE) FILTER (WHERE step >= ?) "
-        "FROM rollout_stats WHERE audit IS NOT NULL", [a, a, b, b]).fetchone()
+        "FROM rollout_stats WHERE audit IS NOT NULL",
+        [a, a, b, b],
+    ).fetchone()
     # Without enough audits on both ends there is nothing to compare; and an audit already at its
     # ceiling cannot rise, so a rising term there is learning, not hacking.
     if n0 < p["min_audited"] or n1 < p["min_audited"] or pass0 >= 1.0 - p["max_audit_rise"]:
@@ -34,18 +39,34 @@ def reward_hacking(w: Window) -> list[Finding]:
     audit_rise = pass1 - pass0
     if audit_rise >= p["max_audit_rise"]:
         return []
-    rises = w.rows(f"SELECT term, avg(v) FILTER (WHERE step <= ?) AS m0, avg(v) FILTER (WHERE step >= ?) AS m1 "
-                   f"FROM {_TERMS} WHERE isfinite(v) GROUP BY term HAVING m1 - m0 > ? ORDER BY m1 - m0 DESC, term",
-                   [a, b, p["min_rise"]])
+    rises = w.rows(
+        f"SELECT term, avg(v) FILTER (WHERE step <= ?) AS m0, avg(v) FILTER (WHERE step >= ?) AS m1 "
+        f"FROM {_TERMS} WHERE isfinite(v) GROUP BY term HAVING m1 - m0 > ? ORDER BY m1 - m0 DESC, term",
+        [a, b, p["min_rise"]],
+    )
     out = []
     for r in rises:
-        ev = ids(w, f"SELECT id FROM {_TERMS} WHERE term = ? AND v > 0 AND isfinite(v) AND audit = false "
-                    "ORDER BY v DESC, step DESC, id", [r["term"]])
+        ev = ids(
+            w,
+            f"SELECT id FROM {_TERMS} WHERE term = ? AND v > 0 AND isfinite(v) AND audit = false "
+            "ORDER BY v DESC, step DESC, id",
+            [r["term"]],
+        )
         rise = r["m1"] - r["m0"]
-        out.append(finding(w, "reward_hacking", "critical", rise, p["min_rise"], ev, (f"reward_weights.{r['term']}",),
-                           f"Reward term '{r['term']}' rose {r['m0']:.3f} -> {r['m1']:.3f} (+{rise:.3f}) while the audit pass "
-                           f"rate went {pass0:.3f} -> {pass1:.3f} ({audit_rise:+.3f}) on {n0}/{n1} audited rollouts.",
-                           validity=True))
+        out.append(
+            finding(
+                w,
+                "reward_hacking",
+                "critical",
+                rise,
+                p["min_rise"],
+                ev,
+                (f"reward_weights.{r['term']}",),
+                f"Reward term '{r['term']}' rose {r['m0']:.3f} -> {r['m1']:.3f} (+{rise:.3f}) while the audit pass "
+                f"rate went {pass0:.3f} -> {pass1:.3f} ({audit_rise:+.3f}) on {n0}/{n1} audited rollouts.",
+                validity=True,
+            )
+        )
     return out
 
 
@@ -54,20 +75,43 @@ def reward_audit_gap(w: Window) -> list[Finding]:
     audit fails: the reward pays for something other than the task. The knobs named are the terms
     that paid most on those failures."""
     p = w.params
-    n, bad = w.con.execute("SELECT count(*), count(*) FILTER (WHERE NOT audit) FROM rollout_stats "
-                           "WHERE audit IS NOT NULL AND isfinite(reward) AND reward >= ?", [p["rewarded_threshold"]]).fetchone()
+    n, bad = w.con.execute(
+        "SELECT count(*), count(*) FILTER (WHERE NOT audit) FROM rollout_stats "
+        "WHERE audit IS NOT NULL AND isfinite(reward) AND reward >= ?",
+        [p["rewarded_threshold"]],
+    ).fetchone()
     if n < p["min_audited"] or bad / n <= p["max_gap"]:
         return []
     gap = bad / n
-    terms = [r[0] for r in w.con.execute(
-        f"SELECT term FROM {_TERMS} WHERE audit = false AND isfinite(reward) AND reward >= ? AND isfinite(v) "
-        "GROUP BY term HAVING avg(v) > 0 ORDER BY avg(v) DESC, term LIMIT 3", [p["rewarded_threshold"]]).fetchall()]
-    ev = ids(w, "SELECT id FROM rollout_stats WHERE audit = false AND isfinite(reward) AND reward >= ? "
-                "ORDER BY reward DESC, step DESC, id", [p["rewarded_threshold"]])
+    terms = [
+        r[0]
+        for r in w.con.execute(
+            f"SELECT term FROM {_TERMS} WHERE audit = false AND isfinite(reward) AND reward >= ? AND isfinite(v) "
+            "GROUP BY term HAVING avg(v) > 0 ORDER BY avg(v) DESC, term LIMIT 3",
+            [p["rewarded_threshold"]],
+        ).fetchall()
+    ]
+    ev = ids(
+        w,
+        "SELECT id FROM rollout_stats WHERE audit = false AND isfinite(reward) AND reward >= ? "
+        "ORDER BY reward DESC, step DESC, id",
+        [p["rewarded_threshold"]],
+    )
     knobs = tuple(f"reward_weights.{t}" for t in terms) or ("reward_weights",)
-    return [finding(w, "reward_audit_gap", "critical", gap, p["max_gap"], ev, knobs,
-                    f"{100 * gap:.0f}% of audited rollouts with reward >= {p['rewarded_threshold']:g} ({bad}/{n}) fail the "
-                    f"audit; the terms paying most on them: {', '.join(terms) or 'none'}.", validity=True)]
+    return [
+        finding(
+            w,
+            "reward_audit_gap",
+            "critical",
+            gap,
+            p["max_gap"],
+            ev,
+            knobs,
+            f"{100 * gap:.0f}% of audited rollouts with reward >= {p['rewarded_threshold']:g} ({bad}/{n}) fail the "
+            f"audit; the terms paying most on them: {', '.join(terms) or 'none'}.",
+            validity=True,
+        )
+    ]
 
 
 def tool_errors(w: Window) -> list[Finding]:
@@ -77,20 +121,42 @@ def tool_errors(w: Window) -> list[Finding]:
     p = w.params
     n, errs, capped, mean_err = w.con.execute(
         "SELECT count(*), count(*) FILTER (WHERE tool_errors > 0), count(*) FILTER (WHERE termination = 'turn_cap'), "
-        "avg(tool_errors) FROM rollout_stats").fetchone()
+        "avg(tool_errors) FROM rollout_stats"
+    ).fetchone()
     out = []
     if n and errs / n > p["max_error_fraction"]:
         ev = ids(w, "SELECT id FROM rollout_stats WHERE tool_errors > 0 ORDER BY tool_errors DESC, step DESC, id")
-        out.append(finding(w, "tool_errors", "warning", errs / n, p["max_error_fraction"], ev,
-                           ("multi_turn.tool_error", "multi_turn.max_turns"),
-                           f"{100 * errs / n:.0f}% of rollouts ({errs}/{n}) have a tool error ({mean_err:.2f} error turns per "
-                           f"rollout on average)."))
+        out.append(
+            finding(
+                w,
+                "tool_errors",
+                "warning",
+                errs / n,
+                p["max_error_fraction"],
+                ev,
+                ("multi_turn.tool_error", "multi_turn.max_turns"),
+                f"{100 * errs / n:.0f}% of rollouts ({errs}/{n}) have a tool error ({mean_err:.2f} error turns per "
+                f"rollout on average).",
+            )
+        )
     if n and capped / n > p["max_turn_cap_fraction"]:
-        ev = ids(w, "SELECT id FROM rollout_stats WHERE termination = 'turn_cap' ORDER BY num_turns DESC, "
-                    "completion_tokens DESC, step DESC, id")
-        out.append(finding(w, "turn_cap", "warning", capped / n, p["max_turn_cap_fraction"], ev,
-                           ("multi_turn.max_turns", "multi_turn.tool_error"),
-                           f"{100 * capped / n:.0f}% of rollouts ({capped}/{n}) ran into the turn cap."))
+        ev = ids(
+            w,
+            "SELECT id FROM rollout_stats WHERE termination = 'turn_cap' ORDER BY num_turns DESC, "
+            "completion_tokens DESC, step DESC, id",
+        )
+        out.append(
+            finding(
+                w,
+                "turn_cap",
+                "warning",
+                capped / n,
+                p["max_turn_cap_fraction"],
+                ev,
+                ("multi_turn.max_turns", "multi_turn.tool_error"),
+                f"{100 * capped / n:.0f}% of rollouts ({capped}/{n}) ran into the turn cap.",
+            )
+        )
     return out
 
 
@@ -102,12 +168,28 @@ def infra_errors(w: Window) -> list[Finding]:
         "WITH g AS (SELECT group_id, stddev_pop(reward) AS sd FROM rollout_stats WHERE isfinite(reward) GROUP BY group_id) "
         "SELECT count(*), count(*) FILTER (WHERE termination IN ('timeout', 'error')), "
         "count(*) FILTER (WHERE termination IN ('timeout', 'error') AND coalesce(g.sd, 0) >= ?) "
-        "FROM rollout_stats r LEFT JOIN g USING (group_id)", [p["std_threshold"]]).fetchone()
+        "FROM rollout_stats r LEFT JOIN g USING (group_id)",
+        [p["std_threshold"]],
+    ).fetchone()
     if not n or bad / n <= p["max_fraction"]:
         return []
-    ev = ids(w, "WITH g AS (SELECT group_id, stddev_pop(reward) AS sd FROM rollout_stats WHERE isfinite(reward) GROUP BY group_id) "
-                "SELECT id FROM rollout_stats r LEFT JOIN g USING (group_id) WHERE termination IN ('timeout', 'error') "
-                "ORDER BY coalesce(g.sd, 0) >= ? DESC, step DESC, id", [p["std_threshold"]])
-    return [finding(w, "infra_errors", "warning", bad / n, p["max_fraction"], ev, ("filters.mask_terminations",),
-                    f"{100 * bad / n:.1f}% of rollouts ({bad}/{n}) ended in a timeout or error; {poisoning} of them sit in "
-                    f"groups with reward spread, where they skew the advantages.")]
+    ev = ids(
+        w,
+        "WITH g AS (SELECT group_id, stddev_pop(reward) AS sd FROM rollout_stats WHERE isfinite(reward) GROUP BY group_id) "
+        "SELECT id FROM rollout_stats r LEFT JOIN g USING (group_id) WHERE termination IN ('timeout', 'error') "
+        "ORDER BY coalesce(g.sd, 0) >= ? DESC, step DESC, id",
+        [p["std_threshold"]],
+    )
+    return [
+        finding(
+            w,
+            "infra_errors",
+            "warning",
+            bad / n,
+            p["max_fraction"],
+            ev,
+            ("filters.mask_terminations",),
+            f"{100 * bad / n:.1f}% of rollouts ({bad}/{n}) ended in a timeout or error; {poisoning} of them sit in "
+            f"groups with reward spread, where they skew the advantages.",
+        )
+    ]

@@ -1,4 +1,5 @@
 """The window a detector reads: DuckDB views over one branch's steps in the store, opened in place."""
+
 from __future__ import annotations
 
 import re
@@ -28,8 +29,9 @@ def _window_shards(d: Path, branch: str, first_step: int, last_step: int) -> lis
     return out
 
 
-def open_window(store: RolloutStore, branch: str, first_step: int, last_step: int,
-                params: dict[str, float] | None = None) -> Window:
+def open_window(
+    store: RolloutStore, branch: str, first_step: int, last_step: int, params: dict[str, float] | None = None
+) -> Window:
     """A Window over one branch's steps first_step..last_step: views `rollouts` (train split) and
     `heldout` over the shards in place, `metrics` for the branch, and two tables:
     `rollout_stats`, the window's train rollouts without their text (id, step, group_id, termination,
@@ -41,23 +43,37 @@ def open_window(store: RolloutStore, branch: str, first_step: int, last_step: in
     con = duckdb.connect(":memory:")
     con.execute("SET parquet_metadata_cache = true")  # text samples and evidence rescan the same shard footers
     where = f"branch = {sql_str(branch)} AND step BETWEEN {int(first_step)} AND {int(last_step)}"
-    for view, d, schema in (("_window_rollouts", store.rollout_dir, ROLLOUT_SCHEMA), ("_window_metrics", store.metric_dir, METRIC_SCHEMA)):
+    for view, d, schema in (
+        ("_window_rollouts", store.rollout_dir, ROLLOUT_SCHEMA),
+        ("_window_metrics", store.metric_dir, METRIC_SCHEMA),
+    ):
         shards = _window_shards(d, branch, first_step, last_step)
         if view == "_window_rollouts":
-            con.register("_shards", pa.table({"path": pa.array([p for p, _ in shards], pa.string()),
-                                              "step": pa.array([s for _, s in shards], pa.int64())}))
+            con.register(
+                "_shards",
+                pa.table(
+                    {
+                        "path": pa.array([p for p, _ in shards], pa.string()),
+                        "step": pa.array([s for _, s in shards], pa.int64()),
+                    }
+                ),
+            )
             con.execute("CREATE TEMP TABLE shards AS SELECT * FROM _shards")
             con.unregister("_shards")
         if shards:
             files = "[" + ", ".join(sql_str(p) for p, _ in shards) + "]"
-            con.execute(f"CREATE VIEW {view} AS SELECT * FROM read_parquet({files}, union_by_name = true) WHERE {where}")
+            con.execute(
+                f"CREATE VIEW {view} AS SELECT * FROM read_parquet({files}, union_by_name = true) WHERE {where}"
+            )
         else:
             con.register(f"{view}_empty", schema.empty_table())
             con.execute(f"CREATE VIEW {view} AS SELECT * FROM {view}_empty")
     con.execute("CREATE VIEW rollouts AS SELECT * FROM _window_rollouts WHERE split = 'train'")
     con.execute("CREATE VIEW heldout AS SELECT * FROM _window_rollouts WHERE split = 'heldout'")
     con.execute("CREATE TEMP TABLE metrics AS SELECT * FROM _window_metrics")
-    con.execute("CREATE TEMP TABLE rollout_stats AS SELECT id, step, group_id, termination, completion_tokens, num_turns, "
-                "reward, rewards, audit, list_avg(list_transform(turns, lambda t: t.mean_logprob)) AS mean_logprob, "
-                "len(list_filter(turns, lambda t: t.tool_error)) AS tool_errors FROM rollouts")
+    con.execute(
+        "CREATE TEMP TABLE rollout_stats AS SELECT id, step, group_id, termination, completion_tokens, num_turns, "
+        "reward, rewards, audit, list_avg(list_transform(turns, lambda t: t.mean_logprob)) AS mean_logprob, "
+        "len(list_filter(turns, lambda t: t.tool_error)) AS tool_errors FROM rollouts"
+    )
     return Window(con=con, branch=branch, first_step=first_step, last_step=last_step, params=dict(params or {}))

@@ -1,9 +1,11 @@
 """The environment contract: a multi-turn Env (single-turn is the one-step case) and the Domain that
 makes tasks, envs, reward terms, demonstrations and the evaluator-owned audit."""
+
 from __future__ import annotations
 
 import random
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from evotrainer.types import Task, Turn
 
@@ -56,6 +58,7 @@ def check_env(domain: Domain, n: int = 8, seed: int = 0) -> None:
     train, heldout = domain.tasks("train"), domain.tasks("heldout")
     if not train or not heldout:
         raise EnvCheckError(f"{domain.name}: both splits must have tasks")
+
     def key(t: Task) -> tuple[str, str]:
         return t.prompt, str(t.data.get("answer"))
 
@@ -76,7 +79,9 @@ def check_env(domain: Domain, n: int = 8, seed: int = 0) -> None:
             if not is_action:
                 continue
             obs, done, info = env.step(text)
-            turns.append(Turn(action=text, tokens=0, mean_logprob=0.0, observation=obs, tool_error=bool(info.get("tool_error"))))
+            turns.append(
+                Turn(action=text, tokens=0, mean_logprob=0.0, observation=obs, tool_error=bool(info.get("tool_error")))
+            )
             if done:
                 break
         for name, fn in domain.reward_terms.items():

@@ -1,5 +1,6 @@
 """Domains by config: the env section names its domain, whose config class names the factory. Also the
 warm-start cache key: what a warm-started base depends on in the env config and the domain's code."""
+
 from __future__ import annotations
 
 import importlib
@@ -19,7 +20,9 @@ def load_factory(path: str) -> Any:
 def make_domain(cfg: RunConfig) -> Domain:
     """The configured domain; a setting the domain cannot honour is a ConfigError naming the field."""
     try:
-        return load_factory(cfg.env.factory).from_config(cfg.env, seed=cfg.run.seed, heldout_size=cfg.eval.heldout_size)
+        return load_factory(cfg.env.factory).from_config(
+            cfg.env, seed=cfg.run.seed, heldout_size=cfg.eval.heldout_size
+        )
     except ValueError as err:
         raise ConfigError(str(err)) from None
 

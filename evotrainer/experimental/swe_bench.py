@@ -2,6 +2,7 @@
 out at its base commit into a temp dir, apply a candidate patch, reset the test files and apply the
 test patch (as SWE-bench's harness does), run FAIL_TO_PASS and PASS_TO_PASS in the sandbox, score.
 Also exports generated SWE-domain tasks as instances, and episode edits as a patch."""
+
 from __future__ import annotations
 
 import difflib
@@ -95,10 +96,19 @@ def load_instances(path: str | Path, repos_dir: str | Path | None = None) -> lis
             raise ValueError(f"{where}: no local checkout: give `repo_path`, or `repo` and repos_dir")
         if not repo_path.is_dir():
             raise FileNotFoundError(f"{where}: local checkout {repo_path} does not exist")
-        out.append(Instance(row["instance_id"], row["problem_statement"], row["patch"], row["test_patch"],
-                            _test_ids(row["FAIL_TO_PASS"], f"{where}: FAIL_TO_PASS"),
-                            _test_ids(row["PASS_TO_PASS"], f"{where}: PASS_TO_PASS"),
-                            repo_path.resolve(), row.get("base_commit") or "", row.get("repo") or ""))
+        out.append(
+            Instance(
+                row["instance_id"],
+                row["problem_statement"],
+                row["patch"],
+                row["test_patch"],
+                _test_ids(row["FAIL_TO_PASS"], f"{where}: FAIL_TO_PASS"),
+                _test_ids(row["PASS_TO_PASS"], f"{where}: PASS_TO_PASS"),
+                repo_path.resolve(),
+                row.get("base_commit") or "",
+                row.get("repo") or "",
+            )
+        )
     return out
 
 
@@ -117,7 +127,9 @@ def checkout(inst: Instance, dest: Path) -> None:
     if inst.base_commit:
         archive = _git("archive", "--format=tar", inst.base_commit, cwd=inst.repo_path)
         if archive.returncode:
-            raise RuntimeError(f"{inst.instance_id}: git archive {inst.base_commit} failed: {archive.stderr.decode()[-300:]}")
+            raise RuntimeError(
+                f"{inst.instance_id}: git archive {inst.base_commit} failed: {archive.stderr.decode()[-300:]}"
+            )
         subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True, timeout=60)
     else:
         shutil.copytree(inst.repo_path, dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".git"))
@@ -182,8 +194,13 @@ def evaluate(inst: Instance, candidate: str, runner=None) -> Evaluation:
         wanted = list(inst.fail_to_pass) + list(inst.pass_to_pass)
         test_files = sorted({t.partition("::")[0] for t in wanted})
         report: TestReport = runner(_read_tree(work), test_files, wanted)
-    ev = Evaluation(inst.instance_id, True, {t: report.tests.get(t) == "passed" for t in inst.fail_to_pass},
-                    {t: report.tests.get(t) == "passed" for t in inst.pass_to_pass}, report.summary())
+    ev = Evaluation(
+        inst.instance_id,
+        True,
+        {t: report.tests.get(t) == "passed" for t in inst.fail_to_pass},
+        {t: report.tests.get(t) == "passed" for t in inst.pass_to_pass},
+        report.summary(),
+    )
     return ev
 
 
@@ -195,8 +212,12 @@ def make_patch(old: dict[str, str], new: dict[str, str]) -> str:
         a, b = old.get(name), new.get(name)
         if a == b:
             continue
-        diff = difflib.unified_diff((a or "").splitlines(keepends=True), (b or "").splitlines(keepends=True),
-                                    "/dev/null" if a is None else f"a/{name}", "/dev/null" if b is None else f"b/{name}")
+        diff = difflib.unified_diff(
+            (a or "").splitlines(keepends=True),
+            (b or "").splitlines(keepends=True),
+            "/dev/null" if a is None else f"a/{name}",
+            "/dev/null" if b is None else f"b/{name}",
+        )
         out.append("".join(diff))
     return "".join(out)
 
@@ -218,8 +239,11 @@ def export_instance(task: Task, root: Path) -> dict[str, Any]:
     repo.mkdir(parents=True)
     for name, text in d["files"].items():
         (repo / name).write_text(text)
-    for args in (("init", "-q"), ("add", "-A"),
-                 ("-c", "user.name=evotrainer", "-c", "user.email=evotrainer@localhost", "commit", "-q", "-m", "base")):
+    for args in (
+        ("init", "-q"),
+        ("add", "-A"),
+        ("-c", "user.name=evotrainer", "-c", "user.email=evotrainer@localhost", "commit", "-q", "-m", "base"),
+    ):
         res = _git(*args, cwd=repo)
         if res.returncode:
             raise RuntimeError(f"git {args[0]} failed in {repo}: {res.stderr.decode()}")
@@ -229,8 +253,14 @@ def export_instance(task: Task, root: Path) -> dict[str, Any]:
     # Which tests the bug fails and the fix passes: our own generated code, run in process.
     before = run_in_process({**d["files"], **d["hidden"]}, tests).tests
     after = run_in_process({**fixed, **d["hidden"]}, tests).tests
-    return {"instance_id": task.id, "repo": f"evotrainer/{task.id}", "base_commit": commit, "repo_path": task.id,
-            "problem_statement": task.prompt.split("\n")[0], "patch": make_patch(d["files"], fixed),
-            "test_patch": make_patch({}, d["hidden"]),
-            "FAIL_TO_PASS": json.dumps(sorted(t for t, s in after.items() if s == "passed" and before.get(t) != "passed")),
-            "PASS_TO_PASS": json.dumps(sorted(t for t, s in after.items() if s == "passed" and before.get(t) == "passed"))}
+    return {
+        "instance_id": task.id,
+        "repo": f"evotrainer/{task.id}",
+        "base_commit": commit,
+        "repo_path": task.id,
+        "problem_statement": task.prompt.split("\n")[0],
+        "patch": make_patch(d["files"], fixed),
+        "test_patch": make_patch({}, d["hidden"]),
+        "FAIL_TO_PASS": json.dumps(sorted(t for t, s in after.items() if s == "passed" and before.get(t) != "passed")),
+        "PASS_TO_PASS": json.dumps(sorted(t for t, s in after.items() if s == "passed" and before.get(t) == "passed")),
+    }

@@ -1,5 +1,6 @@
 """Filters and masks: which rollouts the loss sees under a harness (vectorized; shared by training
 and the replay backtest)."""
+
 from __future__ import annotations
 
 import numpy as np

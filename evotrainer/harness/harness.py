@@ -1,13 +1,17 @@
 """The harness: the declarative, versioned spec of everything training-side. The trainer reads all of
 its behaviour from here; a version is the content hash of the canonical spec plus its parent."""
+
 from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 from typing import Literal
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from evotrainer.store.files import atomic_write_text
 from evotrainer.types import Termination
 
 
@@ -76,7 +80,6 @@ class Shaping(_Section):
     """Subtracted per completion token."""
 
 
-
 class Filters(_Section):
     """Which rollouts the loss sees."""
 
@@ -126,13 +129,15 @@ class Harness(_Section):
     """Version of the harness this one was derived from (None for a root)."""
 
     @model_validator(mode="after")
-    def _check(self) -> "Harness":
+    def _check(self) -> Harness:
         if not self.reward_weights:
             raise ValueError("reward_weights must name at least one reward term")
         if self.shaping.overlong_buffer_len >= self.sampling.max_completion_length:
             # verl PR #2107: a buffer as long as the cap penalizes every response.
-            raise ValueError(f"shaping.overlong_buffer_len={self.shaping.overlong_buffer_len} must be below "
-                             f"sampling.max_completion_length={self.sampling.max_completion_length}")
+            raise ValueError(
+                f"shaping.overlong_buffer_len={self.shaping.overlong_buffer_len} must be below "
+                f"sampling.max_completion_length={self.sampling.max_completion_length}"
+            )
         return self
 
     def canonical(self) -> str:
@@ -144,3 +149,13 @@ class Harness(_Section):
         """Content hash of the canonical spec plus the parent's version."""
         h = hashlib.sha256((self.canonical() + "|" + (self.parent or "")).encode()).hexdigest()
         return "h-" + h[:12]
+
+
+def save_harness(run_dir: str | Path, harness: Harness) -> Path:
+    """Every harness version a run trains under is kept by version: `evotrainer harness show|diff` reads them."""
+    d = Path(run_dir) / "harness"
+    d.mkdir(exist_ok=True)
+    path = d / f"{harness.version}.yaml"
+    if not path.exists():
+        atomic_write_text(path, yaml.safe_dump(harness.model_dump(mode="json"), sort_keys=False))
+    return path

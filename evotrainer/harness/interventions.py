@@ -1,6 +1,7 @@
 """Interventions: typed single-factor patches of the harness, each with the hypothesis it tests.
 Applying one gives a new harness version whose parent is the old one; reverting restores the parent
 exactly. A patch that would change more (or less) than one knob is refused."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,8 +13,18 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.knobs import is_replayable, knob
 
-Kind = Literal["set_knob", "set_reward_weight", "add_reward_term", "remove_reward_term", "replace_reward_term",
-               "add_filter", "remove_filter", "swap_estimator", "swap_loss_type", "set_curriculum"]
+Kind = Literal[
+    "set_knob",
+    "set_reward_weight",
+    "add_reward_term",
+    "remove_reward_term",
+    "replace_reward_term",
+    "add_filter",
+    "remove_filter",
+    "swap_estimator",
+    "swap_loss_type",
+    "set_curriculum",
+]
 
 # Which knobs each kind may touch: the kind documents intent, the target says exactly where.
 _KIND_TARGETS: dict[str, tuple[str, ...]] = {
@@ -76,12 +87,13 @@ class Intervention(BaseModel):
         old = f"{self.before!r} -> " if self.bound else ""
         return f"{self.kind} {self.target}: {old}{self.value!r}"
 
-    def bind(self, h: Harness) -> "Intervention":
+    def bind(self, h: Harness) -> Intervention:
         """This intervention with the harness's current value recorded (for revert and reports)."""
         old = _get(h, self.target)
         absent = old is _MISSING
-        return self.model_copy(update={"before": None if absent else old, "before_absent": absent,
-                                       "base_parent": h.parent, "bound": True})
+        return self.model_copy(
+            update={"before": None if absent else old, "before_absent": absent, "base_parent": h.parent, "bound": True}
+        )
 
     def apply(self, h: Harness) -> Harness:
         _check_kind(self)
@@ -95,7 +107,9 @@ class Intervention(BaseModel):
             if old not in h.reward_weights:
                 raise InterventionError(f"{self.target}: the harness has no such reward term to replace")
             if self.value in h.reward_weights:
-                raise InterventionError(f"{self.target}: the harness already pays {self.value!r}; set or remove a weight instead")
+                raise InterventionError(
+                    f"{self.target}: the harness already pays {self.value!r}; set or remove a weight instead"
+                )
             _rename_term(data, old, self.value)
         elif self.kind == "remove_filter":
             _set(data, self.target, _default(self.target))
@@ -111,8 +125,10 @@ class Intervention(BaseModel):
         if not changed:
             raise InterventionError(f"{self.describe()} changes nothing: the harness already has that value")
         if len(changed) > 1:
-            raise InterventionError(f"an intervention must change exactly one knob; {self.describe()} changes "
-                                    f"{', '.join(changed)}. Split it into single-factor interventions, one per knob.")
+            raise InterventionError(
+                f"an intervention must change exactly one knob; {self.describe()} changes "
+                f"{', '.join(changed)}. Split it into single-factor interventions, one per knob."
+            )
         return child
 
     def revert(self, child: Harness) -> Harness:
@@ -135,8 +151,10 @@ def load_intervention(path: str | Path) -> Intervention:
     raw = yaml.safe_load(path.read_text())
     if isinstance(raw, list):
         if len(raw) != 1:
-            raise InterventionError(f"{path}: holds {len(raw)} interventions; an intervention changes one factor, "
-                                    "so write one per file and test them one at a time")
+            raise InterventionError(
+                f"{path}: holds {len(raw)} interventions; an intervention changes one factor, "
+                "so write one per file and test them one at a time"
+            )
         raw = raw[0]
     try:
         return Intervention.model_validate(raw)
@@ -148,7 +166,10 @@ def load_intervention(path: str | Path) -> Intervention:
 
 def diff(a: Harness, b: Harness) -> list[tuple[str, Any, Any]]:
     """Changed knobs between two harnesses as (path, old, new); the parent field is not a knob."""
-    fa, fb = _flatten(a.model_dump(mode="json", exclude={"parent"})), _flatten(b.model_dump(mode="json", exclude={"parent"}))
+    fa, fb = (
+        _flatten(a.model_dump(mode="json", exclude={"parent"})),
+        _flatten(b.model_dump(mode="json", exclude={"parent"})),
+    )
     return [(k, fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
 
 
@@ -177,7 +198,9 @@ def _check_kind(iv: Intervention) -> None:
     if iv.kind == "add_reward_term" and iv.value in (None, 0):
         raise InterventionError(f"{iv.target}: add_reward_term needs a non-zero weight as value")
     if iv.kind == "replace_reward_term" and not (isinstance(iv.value, str) and iv.value):
-        raise InterventionError(f"{iv.target}: replace_reward_term needs the new term's name as value, e.g. value: tests_restored")
+        raise InterventionError(
+            f"{iv.target}: replace_reward_term needs the new term's name as value, e.g. value: tests_restored"
+        )
 
 
 def knob_value(h: Harness, path: str) -> Any:

@@ -1,5 +1,6 @@
 """A policy on any Hugging Face causal LM: batched KV-cache sampling with stop strings, token
 logprobs, checkpoints, and optional LoRA through peft."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,8 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for i, s in enumerate(seqs):
         if s:
-            ids[i, width - len(s):] = torch.tensor(s)
-            mask[i, width - len(s):] = 1
+            ids[i, width - len(s) :] = torch.tensor(s)
+            mask[i, width - len(s) :] = 1
     return ids, mask
 
 
@@ -34,9 +35,13 @@ def positions(mask: torch.Tensor) -> torch.Tensor:
     return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
-def sequence_logprobs(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+def sequence_logprobs(
+    model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
     """Logprob of ids[:, 1:] given the prefix: shape [B, T-1]. Differentiable."""
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=False).logits[:, :-1].float()
+    logits = (
+        model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=False).logits[:, :-1].float()
+    )
     if temperature != 1.0:
         logits = logits / temperature
     logp_all = F.log_softmax(logits, dim=-1)
@@ -56,7 +61,7 @@ class HFPolicy:
 
     # -- loading ---------------------------------------------------------------------------------
     @classmethod
-    def load(cls, path: str | Path, lora_rank: int = 0) -> "HFPolicy":
+    def load(cls, path: str | Path, lora_rank: int = 0) -> HFPolicy:
         """Load a checkpoint written by save(), or any local Hugging Face causal LM directory
         (with a fresh LoRA adapter of `lora_rank` when > 0)."""
         path = Path(path)
@@ -74,7 +79,10 @@ class HFPolicy:
         if lora_rank:
             from peft import LoraConfig, get_peft_model
 
-            model = get_peft_model(model, LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, target_modules="all-linear", task_type="CAUSAL_LM"))
+            model = get_peft_model(
+                model,
+                LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, target_modules="all-linear", task_type="CAUSAL_LM"),
+            )
             return cls(model, tok, base_path=str(path.resolve()))
         return cls(model, tok)
 
@@ -91,7 +99,7 @@ class HFPolicy:
             shutil.rmtree(path)
         tmp.rename(path)
 
-    def fork(self, path: str | Path) -> "HFPolicy":
+    def fork(self, path: str | Path) -> HFPolicy:
         self.save(path)
         return HFPolicy.load(path)
 
@@ -117,8 +125,17 @@ class HFPolicy:
 
     # -- sampling --------------------------------------------------------------------------------
     @torch.no_grad()
-    def sample(self, contexts: list[list[int]], *, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
-               stop: tuple[str, ...] = (), greedy: bool = False, generator: torch.Generator | None = None) -> list[Sample]:
+    def sample(
+        self,
+        contexts: list[list[int]],
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        stop: tuple[str, ...] = (),
+        greedy: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> list[Sample]:
         """All contexts in one batch with a KV cache; rows that finish leave the batch (their cache
         rows are dropped) so the tail of long completions does not pay for finished ones."""
         n = len(contexts)
@@ -138,8 +155,18 @@ class HFPolicy:
         ids, mask = left_pad(contexts, self.pad_id)
         pos = positions(mask)
         cache = DynamicCache()
-        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                            use_cache=True, logits_to_keep=1).logits[:, -1].float()
+        logits = (
+            self.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=pos,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            .logits[:, -1]
+            .float()
+        )
         next_pos = pos[:, -1] + 1
         rows = torch.arange(n)  # batch row -> original index
         for t in range(max_new_tokens):
@@ -150,7 +177,9 @@ class HFPolicy:
             if greedy:
                 tok = logits.argmax(-1)
             else:
-                tok = torch.multinomial(_top_p(p_all, top_p) if top_p < 1.0 else p_all, 1, generator=generator).squeeze(-1)
+                tok = torch.multinomial(
+                    _top_p(p_all, top_p) if top_p < 1.0 else p_all, 1, generator=generator
+                ).squeeze(-1)
             tok_buf[rows, t] = tok
             lp_buf[rows, t] = logp_all.gather(-1, tok[:, None]).squeeze(-1)
             ent.index_add_(0, rows, -(p_all * logp_all).sum(-1))
@@ -159,7 +188,7 @@ class HFPolicy:
             if candidates is not None:
                 for r in torch.nonzero(candidates[tok]).flatten().tolist():
                     i = int(rows[r])
-                    tail = tok_buf[i, max(0, t + 1 - max_stop):t + 1].tolist()
+                    tail = tok_buf[i, max(0, t + 1 - max_stop) : t + 1].tolist()
                     if any(s in self.tokenizer.decode(tail, skip_special_tokens=True) for s in stop):
                         done[r] = True
             stopped[rows[done]] = True
@@ -171,15 +200,26 @@ class HFPolicy:
                 cache.batch_select_indices(idx)
                 rows, tok, mask, next_pos = rows[idx], tok[idx], mask[idx], next_pos[idx]
             mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=mask.dtype)], dim=1)
-            logits = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
-                                past_key_values=cache, use_cache=True).logits[:, -1].float()
+            logits = (
+                self.model(
+                    input_ids=tok[:, None],
+                    attention_mask=mask,
+                    position_ids=next_pos[:, None],
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+                .logits[:, -1]
+                .float()
+            )
             next_pos = next_pos + 1
         self.model.train(was_training)
         lengths = length.tolist()
         tokens = [row[:k] for row, k in zip(tok_buf.tolist(), lengths)]
         logps = [row[:k] for row, k in zip(lp_buf.tolist(), lengths)]
         texts = self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
-        return [Sample(tokens[i], logps[i], float(ent[i]), texts[i], "stop" if stopped[i] else "length") for i in range(n)]
+        return [
+            Sample(tokens[i], logps[i], float(ent[i]), texts[i], "stop" if stopped[i] else "length") for i in range(n)
+        ]
 
     @torch.no_grad()
     def logprobs(self, sequences: list[list[int]], temperature: float = 1.0) -> list[list[float]]:
@@ -189,7 +229,7 @@ class HFPolicy:
         lp = sequence_logprobs(self.model, ids, mask, temperature)
         self.model.train(was_training)
         width = ids.shape[1]
-        return [lp[i, width - len(s):].tolist() for i, s in enumerate(sequences)]
+        return [lp[i, width - len(s) :].tolist() for i, s in enumerate(sequences)]
 
 
 def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """The policy contract: sample groups of completions with per-token logprobs, score given tokens,
 save / load / fork a checkpoint; and check_policy, which a user's policy must pass."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -49,7 +50,7 @@ class Policy(Protocol):
 
     def save(self, path: str | Path) -> None: ...
 
-    def fork(self, path: str | Path) -> "Policy":
+    def fork(self, path: str | Path) -> Policy:
         """Save to `path` and return an independent policy loaded from it."""
         ...
 
@@ -61,6 +62,7 @@ class PolicyCheckError(AssertionError):
 def check_policy(policy: Policy, contexts: list[list[int]], tmp_dir: str | Path, seed: int = 0) -> None:
     """Seeded sampling is deterministic, sampled logprobs agree with `logprobs`, and a fork scores
     the same tokens identically."""
+
     def draw() -> list[Sample]:
         g = torch.Generator().manual_seed(seed)
         return policy.sample(contexts, max_new_tokens=6, temperature=1.0, generator=g)
@@ -71,7 +73,7 @@ def check_policy(policy: Policy, contexts: list[list[int]], tmp_dir: str | Path,
     seqs = [c + s.token_ids for c, s in zip(contexts, a)]
     scored = policy.logprobs(seqs)
     for c, s, lp in zip(contexts, a, scored):
-        got = lp[len(c) - 1:len(c) - 1 + len(s.token_ids)]
+        got = lp[len(c) - 1 : len(c) - 1 + len(s.token_ids)]
         if any(abs(x - y) > 1e-3 for x, y in zip(got, s.logprobs)):
             raise PolicyCheckError(f"sampled logprobs {s.logprobs[:4]} disagree with scored {got[:4]}")
     twin = policy.fork(Path(tmp_dir) / "fork")

@@ -1,5 +1,6 @@
 """The embedded default policy: a tiny Llama-style model and a BPE tokenizer built locally from the
 domain's demonstrations, warm-started by supervised training, cached by a hash of its recipe."""
+
 from __future__ import annotations
 
 import hashlib
@@ -28,27 +29,50 @@ SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 def build_tokenizer(corpus: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
     """BPE with individual digits. Metaspace must come before Digits, or digits get a space marker."""
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Metaspace(prepend_scheme="never", split=False),
-        pre_tokenizers.Digits(individual_digits=True),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Metaspace(prepend_scheme="never", split=False),
+            pre_tokenizers.Digits(individual_digits=True),
+        ]
+    )
     tok.decoder = decoders.Metaspace(prepend_scheme="never", split=False)
     alphabet = list(string.printable) + ["▁"]
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, initial_alphabet=alphabet, show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIALS, initial_alphabet=alphabet, show_progress=False
+    )
     tok.train_from_iterator(corpus, trainer=trainer)
     # padding_side must be given at construction: transformers 5 does not persist it when set later.
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-                                   unk_token="<unk>", padding_side="left")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        padding_side="left",
+    )
 
 
-def build_model(tokenizer: PreTrainedTokenizerFast, hidden_size: int, num_layers: int, num_heads: int,
-                max_positions: int, seed: int) -> LlamaForCausalLM:
+def build_model(
+    tokenizer: PreTrainedTokenizerFast,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    max_positions: int,
+    seed: int,
+) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     cfg = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=int(hidden_size * 8 / 3) // 8 * 8,
-        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_heads,
-        max_position_embeddings=max_positions, tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=int(hidden_size * 8 / 3) // 8 * 8,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
     )
     return LlamaForCausalLM(cfg).float()
 
@@ -71,8 +95,16 @@ def encode_segments(policy: HFPolicy, segments: list[tuple[str, bool]]) -> tuple
     return ids, is_action
 
 
-def supervised(policy: HFPolicy, demos: list[list[tuple[str, bool]]], *, steps: int, batch_size: int,
-               learning_rate: float, seed: int, progress: Progress | None = None) -> list[float]:
+def supervised(
+    policy: HFPolicy,
+    demos: list[list[tuple[str, bool]]],
+    *,
+    steps: int,
+    batch_size: int,
+    learning_rate: float,
+    seed: int,
+    progress: Progress | None = None,
+) -> list[float]:
     """Cross-entropy on action tokens only (prompts and observations are context)."""
     encoded = [encode_segments(policy, d) for d in demos]
     rng = random.Random(seed)
@@ -87,9 +119,9 @@ def supervised(policy: HFPolicy, demos: list[list[tuple[str, bool]]], *, steps: 
         mask = torch.zeros((batch_size, width), dtype=torch.long)
         target = torch.zeros((batch_size, width), dtype=torch.bool)
         for i, (seq, act) in enumerate(batch):
-            ids[i, :len(seq)] = torch.tensor(seq)
-            mask[i, :len(seq)] = 1
-            target[i, :len(seq)] = torch.tensor(act)
+            ids[i, : len(seq)] = torch.tensor(seq)
+            mask[i, : len(seq)] = 1
+            target[i, : len(seq)] = torch.tensor(act)
         logp = sequence_logprobs(policy.model, ids, mask)
         tmask = target[:, 1:].float()
         loss = -(logp * tmask).sum() / tmask.sum().clamp(min=1)
@@ -104,8 +136,13 @@ def supervised(policy: HFPolicy, demos: list[list[tuple[str, bool]]], *, steps: 
 
 
 def recipe_hash(cfg: PolicySection, domain_key: dict, seed: int) -> str:
-    recipe = {"v": RECIPE_VERSION, "tiny": cfg.tiny.model_dump(), "warm_start": cfg.warm_start.model_dump(),
-              "domain": domain_key, "seed": seed}
+    recipe = {
+        "v": RECIPE_VERSION,
+        "tiny": cfg.tiny.model_dump(),
+        "warm_start": cfg.warm_start.model_dump(),
+        "domain": domain_key,
+        "seed": seed,
+    }
     return hashlib.sha256(json.dumps(recipe, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -115,8 +152,9 @@ def cache_root(cfg: PolicySection) -> Path:
     return Path(os.environ.get("EVOTRAINER_CACHE", Path.home() / ".cache" / "evotrainer"))
 
 
-def tiny_base(cfg: PolicySection, domain: Domain, domain_key: dict, seed: int, progress: Progress | None = None,
-              log=print) -> Path:
+def tiny_base(
+    cfg: PolicySection, domain: Domain, domain_key: dict, seed: int, progress: Progress | None = None, log=print
+) -> Path:
     """Build (or reuse from the cache) the warm-started tiny base for this domain and recipe; its path."""
     key = recipe_hash(cfg, domain_key, seed)
     path = cache_root(cfg) / "bases" / f"{domain.name}-{key}"
@@ -129,13 +167,22 @@ def tiny_base(cfg: PolicySection, domain: Domain, domain_key: dict, seed: int, p
     tok = build_tokenizer(corpus, cfg.tiny.vocab_size)
     t = cfg.tiny
     policy = HFPolicy(build_model(tok, t.hidden_size, t.num_layers, t.num_heads, t.max_positions, seed), tok)
-    losses = supervised(policy, demos, steps=cfg.warm_start.steps, batch_size=cfg.warm_start.batch_size,
-                        learning_rate=cfg.warm_start.learning_rate, seed=seed, progress=progress)
+    losses = supervised(
+        policy,
+        demos,
+        steps=cfg.warm_start.steps,
+        batch_size=cfg.warm_start.batch_size,
+        learning_rate=cfg.warm_start.learning_rate,
+        seed=seed,
+        progress=progress,
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     # Build under a private name, then rename: two runs racing for one recipe never see half a base.
     tmp = path.with_name(f"{path.name}.{os.getpid()}")
     policy.save(tmp)
-    (tmp / "warm_start.json").write_text(json.dumps({"seconds": time.time() - t0, "final_loss": losses[-1] if losses else None}))
+    (tmp / "warm_start.json").write_text(
+        json.dumps({"seconds": time.time() - t0, "final_loss": losses[-1] if losses else None})
+    )
     try:
         tmp.rename(path)
     except OSError:  # another process finished first; theirs is identical

@@ -2,6 +2,7 @@
 of the last step for context), step-metric trends, this run's trials and verdicts, and the skills whose
 signature matches. Only training rollouts of the run go in; held-out rollouts and the evaluator's data
 never do (check_isolation raises if they would)."""
+
 from __future__ import annotations
 
 import json
@@ -15,12 +16,24 @@ from evotrainer.store.files import sql_list
 from evotrainer.store.ledger import Ledger
 from evotrainer.store.rollouts import RolloutStore
 
+
 class IsolationError(RuntimeError):
     """A brief that would show the proposer held-out or evaluator data: a bug, never a user mistake."""
 
 
-TREND_METRICS = ("reward", "reward_std", "frac_reward_zero_std", "completions/mean_length", "completions/clipped_ratio",
-                 "entropy", "kl", "grad_norm", "audit/pass_rate", "tool_errors/mean", "turn_cap_ratio")
+TREND_METRICS = (
+    "reward",
+    "reward_std",
+    "frac_reward_zero_std",
+    "completions/mean_length",
+    "completions/clipped_ratio",
+    "entropy",
+    "kl",
+    "grad_norm",
+    "audit/pass_rate",
+    "tool_errors/mean",
+    "turn_cap_ratio",
+)
 
 
 def evidence(store: RolloutStore, ids: list[str]) -> dict[str, dict[str, Any]]:
@@ -31,7 +44,9 @@ def evidence(store: RolloutStore, ids: list[str]) -> dict[str, dict[str, Any]]:
     out = {}
     for r in rows:
         r = dict(r)
-        r["rewards"] = {x["term"]: x["value"] for x in r["rewards"]} if isinstance(r.get("rewards"), list) else r.get("rewards")
+        r["rewards"] = (
+            {x["term"]: x["value"] for x in r["rewards"]} if isinstance(r.get("rewards"), list) else r.get("rewards")
+        )
         if isinstance(r.get("info"), str):
             r["info"] = json.loads(r["info"])
         out[r["id"]] = r
@@ -43,9 +58,16 @@ def history(ledger: Ledger) -> list[PastTrial]:
     out = []
     for t in ledger.trials():
         v = verdicts.get(t["id"])
-        out.append(PastTrial(t["round"], Intervention.model_validate(t["intervention"]), tuple(t["signature"]),
-                             v["decision"] if v else "abandoned", tuple(v["reasons"]) if v else (),
-                             v["statistic"].get("delta") if v else None))
+        out.append(
+            PastTrial(
+                t["round"],
+                Intervention.model_validate(t["intervention"]),
+                tuple(t["signature"]),
+                v["decision"] if v else "abandoned",
+                tuple(v["reasons"]) if v else (),
+                v["statistic"].get("delta") if v else None,
+            )
+        )
     return out
 
 
@@ -55,10 +77,12 @@ def samples(store: RolloutStore, branches: list[str], n: int) -> list[str]:
     if n <= 0 or not branches:
         return []
     names = sql_list(branches)
-    rows = store.sql(f"WITH last AS (SELECT * FROM rollouts WHERE split = 'train' AND branch IN {names} "
-                     f"AND step = (SELECT max(step) FROM rollouts WHERE split = 'train' AND branch IN {names})) "
-                     f"(SELECT id, 0 AS k FROM last ORDER BY reward DESC, id LIMIT {int(n)}) UNION ALL "
-                     f"(SELECT id, 1 AS k FROM last ORDER BY reward ASC, id LIMIT {int(n)})")
+    rows = store.sql(
+        f"WITH last AS (SELECT * FROM rollouts WHERE split = 'train' AND branch IN {names} "
+        f"AND step = (SELECT max(step) FROM rollouts WHERE split = 'train' AND branch IN {names})) "
+        f"(SELECT id, 0 AS k FROM last ORDER BY reward DESC, id LIMIT {int(n)}) UNION ALL "
+        f"(SELECT id, 1 AS k FROM last ORDER BY reward ASC, id LIMIT {int(n)})"
+    )
     best, worst = [r["id"] for r in rows if r["k"] == 0], [r["id"] for r in rows if r["k"] == 1]
     out: list[str] = []
     for pair in zip(best, worst):
@@ -77,9 +101,22 @@ def check_isolation(brief: Brief) -> None:
         raise IsolationError(f"brief for round {brief.round} holds evaluator metrics: {bad}")
 
 
-def build_brief(*, run: str, rnd: int, domain: str, harness: Harness, findings: list[Finding], store: RolloutStore,
-                branches: list[str], ledger: Ledger, skills: list[SkillMatch], limit: int, explore: float,
-                per_finding: int = 3, context: int = 4) -> Brief:
+def build_brief(
+    *,
+    run: str,
+    rnd: int,
+    domain: str,
+    harness: Harness,
+    findings: list[Finding],
+    store: RolloutStore,
+    branches: list[str],
+    ledger: Ledger,
+    skills: list[SkillMatch],
+    limit: int,
+    explore: float,
+    per_finding: int = 3,
+    context: int = 4,
+) -> Brief:
     """`per_finding`: evidence rollouts kept per finding; `context`: extra samples of the last step."""
     ids: list[str] = []
     for f in findings:
@@ -92,8 +129,19 @@ def build_brief(*, run: str, rnd: int, domain: str, harness: Harness, findings: 
                 if name in m:
                     metrics.setdefault(name, []).append((step, m[name]))
     found = evidence(store, ids)
-    brief = Brief(run=run, round=rnd, domain=domain, harness=harness, findings=findings, signature=signature(findings),
-                  evidence={i: found[i] for i in ids if i in found}, metrics=metrics, history=history(ledger), skills=skills, limit=limit,
-                  explore=explore)
+    brief = Brief(
+        run=run,
+        round=rnd,
+        domain=domain,
+        harness=harness,
+        findings=findings,
+        signature=signature(findings),
+        evidence={i: found[i] for i in ids if i in found},
+        metrics=metrics,
+        history=history(ledger),
+        skills=skills,
+        limit=limit,
+        explore=explore,
+    )
     check_isolation(brief)
     return brief

@@ -3,17 +3,19 @@ remedies (../shared/reference/rl-trainers.md, failure-mode table), ranked by the
 evidence for the same signature and domain, with a share of candidates kept for knobs this run has
 not tried (exploration). `screen` (proposer.py) then drops duplicates and anything already rejected
 under the same signature."""
+
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from evotrainer.diagnostics.detector import Finding
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.interventions import Hypothesis, Intervention, knob_value
 from evotrainer.harness.knobs import knob
-from evotrainer.proposers.proposer import Brief, Proposal, intervention_key, screen
+from evotrainer.proposers.proposer import Brief, Proposal, ProposerOutput, intervention_key, screen
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,7 @@ def _scale(path: str, factor: float, lo: float, hi: float, integer: bool = False
     def value(h: Harness, f: Finding) -> Any:
         v = min(max(knob_value(h, path) * factor, lo), hi)
         return int(round(v)) if integer else float(f"{v:.3g}")
+
     return value
 
 
@@ -60,84 +63,225 @@ ACC = "heldout/accuracy"
 # the term the finding implicates; see _targets.
 CATALOG: dict[str, list[Remedy]] = {
     "zero_variance_groups": [
-        Remedy("set_knob", "sampling.temperature", _restore_spread, "frac_reward_zero_std", "down",
-               "more sampling spread makes more groups mixed, so more prompts carry an advantage"),
-        Remedy("set_knob", "sampling.num_generations", _scale("sampling.num_generations", 2, 2, 32, True), "frac_reward_zero_std", "down",
-               "larger groups are less often all-correct or all-wrong"),
+        Remedy(
+            "set_knob",
+            "sampling.temperature",
+            _restore_spread,
+            "frac_reward_zero_std",
+            "down",
+            "more sampling spread makes more groups mixed, so more prompts carry an advantage",
+        ),
+        Remedy(
+            "set_knob",
+            "sampling.num_generations",
+            _scale("sampling.num_generations", 2, 2, 32, True),
+            "frac_reward_zero_std",
+            "down",
+            "larger groups are less often all-correct or all-wrong",
+        ),
     ],
     "plateau": [
-        Remedy("set_knob", "optimizer.learning_rate", _scale("optimizer.learning_rate", 3.0, 1e-6, 1e-2), ACC, "up",
-               "reward is flat below its ceiling: the step size may be too small to move the policy"),
-        Remedy("set_knob", "sampling.temperature", _scale("sampling.temperature", 1.3, 0.1, 1.5), ACC, "up",
-               "more exploration can find rewarded behaviour the policy does not sample yet"),
+        Remedy(
+            "set_knob",
+            "optimizer.learning_rate",
+            _scale("optimizer.learning_rate", 3.0, 1e-6, 1e-2),
+            ACC,
+            "up",
+            "reward is flat below its ceiling: the step size may be too small to move the policy",
+        ),
+        Remedy(
+            "set_knob",
+            "sampling.temperature",
+            _scale("sampling.temperature", 1.3, 0.1, 1.5),
+            ACC,
+            "up",
+            "more exploration can find rewarded behaviour the policy does not sample yet",
+        ),
     ],
     "truncation": [
-        Remedy("set_knob", "sampling.max_completion_length", _scale("sampling.max_completion_length", 1.5, 4, 4096, True),
-               "completions/clipped_ratio", "down", "the cap cuts answers before they finish"),
-        Remedy("add_filter", "loss.mask_truncated_completions", _const(True), "completions/clipped_ratio", "down",
-               "truncated rollouts get a reward that is not about the task; mask them out of the loss"),
+        Remedy(
+            "set_knob",
+            "sampling.max_completion_length",
+            _scale("sampling.max_completion_length", 1.5, 4, 4096, True),
+            "completions/clipped_ratio",
+            "down",
+            "the cap cuts answers before they finish",
+        ),
+        Remedy(
+            "add_filter",
+            "loss.mask_truncated_completions",
+            _const(True),
+            "completions/clipped_ratio",
+            "down",
+            "truncated rollouts get a reward that is not about the task; mask them out of the loss",
+        ),
     ],
     "length_blowup": [
-        Remedy("set_knob", "shaping.overlong_buffer_len", lambda h, f: max(1, h.sampling.max_completion_length // 4),
-               "completions/mean_length", "down", "a soft overlong penalty pushes back on length growth (DAPO)"),
-        Remedy("swap_loss_type", "loss.loss_type", lambda h, f: None if h.loss.loss_type == "dr_grpo" else "dr_grpo",
-               "completions/mean_length", "down", "length-unbiased aggregation removes the per-sequence length bias"),
+        Remedy(
+            "set_knob",
+            "shaping.overlong_buffer_len",
+            lambda h, f: max(1, h.sampling.max_completion_length // 4),
+            "completions/mean_length",
+            "down",
+            "a soft overlong penalty pushes back on length growth (DAPO)",
+        ),
+        Remedy(
+            "swap_loss_type",
+            "loss.loss_type",
+            lambda h, f: None if h.loss.loss_type == "dr_grpo" else "dr_grpo",
+            "completions/mean_length",
+            "down",
+            "length-unbiased aggregation removes the per-sequence length bias",
+        ),
     ],
     "entropy_collapse": [
-        Remedy("set_knob", "loss.epsilon_high", lambda h, f: None if (h.loss.epsilon_high or 0) >= 0.28 else 0.28, "entropy", "up",
-               "clip-higher lets low-probability tokens grow (DAPO), slowing entropy collapse"),
-        Remedy("set_knob", "sampling.temperature", _scale("sampling.temperature", 1.2, 0.1, 1.5), "entropy", "up",
-               "a higher sampling temperature keeps exploration alive"),
+        Remedy(
+            "set_knob",
+            "loss.epsilon_high",
+            lambda h, f: None if (h.loss.epsilon_high or 0) >= 0.28 else 0.28,
+            "entropy",
+            "up",
+            "clip-higher lets low-probability tokens grow (DAPO), slowing entropy collapse",
+        ),
+        Remedy(
+            "set_knob",
+            "sampling.temperature",
+            _scale("sampling.temperature", 1.2, 0.1, 1.5),
+            "entropy",
+            "up",
+            "a higher sampling temperature keeps exploration alive",
+        ),
     ],
     "entropy_explosion": [
-        Remedy("set_knob", "optimizer.learning_rate", _scale("optimizer.learning_rate", 0.5, 1e-7, 1e-2), "entropy", "down",
-               "smaller steps keep the policy from drifting into garbled text"),
-        Remedy("set_knob", "sampling.temperature", _scale("sampling.temperature", 0.8, 0.1, 1.5), "entropy", "down",
-               "a lower temperature samples fewer garbled tokens"),
+        Remedy(
+            "set_knob",
+            "optimizer.learning_rate",
+            _scale("optimizer.learning_rate", 0.5, 1e-7, 1e-2),
+            "entropy",
+            "down",
+            "smaller steps keep the policy from drifting into garbled text",
+        ),
+        Remedy(
+            "set_knob",
+            "sampling.temperature",
+            _scale("sampling.temperature", 0.8, 0.1, 1.5),
+            "entropy",
+            "down",
+            "a lower temperature samples fewer garbled tokens",
+        ),
     ],
     "reward_hacking": [
-        Remedy("remove_reward_term", "reward_weights.{term}", _const(None), ACC, "up",
-               "the term rises while the audit does not: it pays for something other than the task"),
-        Remedy("set_reward_weight", "reward_weights.{term}", lambda h, f: float(f"{h.reward_weights.get(f.knobs[0].split('.', 1)[1], 1.0) / 4:.3g}"),
-               ACC, "up", "a smaller weight makes the exploit worth less than solving the task"),
+        Remedy(
+            "remove_reward_term",
+            "reward_weights.{term}",
+            _const(None),
+            ACC,
+            "up",
+            "the term rises while the audit does not: it pays for something other than the task",
+        ),
+        Remedy(
+            "set_reward_weight",
+            "reward_weights.{term}",
+            lambda h, f: float(f"{h.reward_weights.get(f.knobs[0].split('.', 1)[1], 1.0) / 4:.3g}"),
+            ACC,
+            "up",
+            "a smaller weight makes the exploit worth less than solving the task",
+        ),
     ],
     "reward_audit_gap": [
-        Remedy("remove_reward_term", "reward_weights.{term}", _const(None), ACC, "up",
-               "rollouts the reward pays fail the audit; the term paying most on them is suspect"),
+        Remedy(
+            "remove_reward_term",
+            "reward_weights.{term}",
+            _const(None),
+            ACC,
+            "up",
+            "rollouts the reward pays fail the audit; the term paying most on them is suspect",
+        ),
     ],
     "repetition": [
-        Remedy("set_knob", "shaping.overlong_buffer_len", lambda h, f: max(1, h.sampling.max_completion_length // 4),
-               "completions/mean_length", "down", "penalising the long tail discourages loops"),
+        Remedy(
+            "set_knob",
+            "shaping.overlong_buffer_len",
+            lambda h, f: max(1, h.sampling.max_completion_length // 4),
+            "completions/mean_length",
+            "down",
+            "penalising the long tail discourages loops",
+        ),
     ],
     "kl_spike": [
-        Remedy("set_knob", "optimizer.learning_rate", _scale("optimizer.learning_rate", 0.5, 1e-7, 1e-2), "kl", "down",
-               "ratio and KL spikes follow steps that are too large"),
-        Remedy("set_knob", "optimizer.max_grad_norm", _scale("optimizer.max_grad_norm", 0.5, 0.01, 100.0), "grad_norm", "down",
-               "tighter gradient clipping bounds each update"),
+        Remedy(
+            "set_knob",
+            "optimizer.learning_rate",
+            _scale("optimizer.learning_rate", 0.5, 1e-7, 1e-2),
+            "kl",
+            "down",
+            "ratio and KL spikes follow steps that are too large",
+        ),
+        Remedy(
+            "set_knob",
+            "optimizer.max_grad_norm",
+            _scale("optimizer.max_grad_norm", 0.5, 0.01, 100.0),
+            "grad_norm",
+            "down",
+            "tighter gradient clipping bounds each update",
+        ),
     ],
     "nonfinite": [
-        Remedy("set_knob", "optimizer.max_grad_norm", _scale("optimizer.max_grad_norm", 0.5, 0.01, 100.0), "grad_norm", "down",
-               "non-finite gradients come from exploding updates"),
+        Remedy(
+            "set_knob",
+            "optimizer.max_grad_norm",
+            _scale("optimizer.max_grad_norm", 0.5, 0.01, 100.0),
+            "grad_norm",
+            "down",
+            "non-finite gradients come from exploding updates",
+        ),
     ],
     "tool_errors": [
-        Remedy("set_knob", "multi_turn.tool_error", _other_tool_policy, ACC, "up",
-               "how malformed tool calls are treated changes what the policy learns from them"),
-        Remedy("set_knob", "multi_turn.max_turns", _scale("multi_turn.max_turns", 1.5, 1, 64, True), "turn_cap_ratio", "down",
-               "episodes hit the turn cap before they can answer"),
+        Remedy(
+            "set_knob",
+            "multi_turn.tool_error",
+            _other_tool_policy,
+            ACC,
+            "up",
+            "how malformed tool calls are treated changes what the policy learns from them",
+        ),
+        Remedy(
+            "set_knob",
+            "multi_turn.max_turns",
+            _scale("multi_turn.max_turns", 1.5, 1, 64, True),
+            "turn_cap_ratio",
+            "down",
+            "episodes hit the turn cap before they can answer",
+        ),
     ],
     "infra_errors": [
-        Remedy("add_filter", "filters.mask_terminations", _mask_errors, ACC, "up",
-               "infrastructure failures are not the policy's fault; mask them out of the advantages"),
+        Remedy(
+            "add_filter",
+            "filters.mask_terminations",
+            _mask_errors,
+            ACC,
+            "up",
+            "infrastructure failures are not the policy's fault; mask them out of the advantages",
+        ),
     ],
 }
 # Graders that score the same thing as a naive term without the exploit's channel: SWE-bench's harness
 # restores the test files before it runs them, so an edited or broken test no longer reads as a pass;
 # the code domain's `correct_not_hardcoded` pays nothing for completions keyed on the visible inputs.
 # A finding names the variants its domain has in its knobs; the first the harness does not pay is used.
-AUDITED_VARIANTS = {"tests": ("tests_restored",), "correct": ("tests_restored", "correct_not_hardcoded"),
-                    "visible": ("correct_not_hardcoded",)}
-_REGRADE = Remedy("replace_reward_term", "reward_weights.{term}", _const(None), ACC, "up",
-                  "the reward pays for a channel the audit does not back; regrade it so the exploit earns nothing")
+AUDITED_VARIANTS = {
+    "tests": ("tests_restored",),
+    "correct": ("tests_restored", "correct_not_hardcoded"),
+    "visible": ("correct_not_hardcoded",),
+}
+_REGRADE = Remedy(
+    "replace_reward_term",
+    "reward_weights.{term}",
+    _const(None),
+    ACC,
+    "up",
+    "the reward pays for a channel the audit does not back; regrade it so the exploit earns nothing",
+)
 # Exploit findings of the code and SWE domains: close the channel first (regrade), then the generic
 # hacking remedies (drop the term, lower its weight).
 for _name in ("test_tampering", "tests_dropped", "collection_errors", "hardcoded_examples"):
@@ -158,17 +302,33 @@ def candidates_for(f: Finding, h: Harness) -> list[Intervention]:
             value = r.value(h, f)
             if r.kind == "replace_reward_term":
                 # Only to a grader the finding names (so the domain has it) that the harness does not pay yet.
-                value = next((v for v in AUDITED_VARIANTS.get(term, ()) if f"reward_weights.{v}" in f.knobs
-                              and v not in h.reward_weights), None)
+                value = next(
+                    (
+                        v
+                        for v in AUDITED_VARIANTS.get(term, ())
+                        if f"reward_weights.{v}" in f.knobs and v not in h.reward_weights
+                    ),
+                    None,
+                )
             if value is None and r.kind != "remove_reward_term":
                 continue
-            if r.kind in ("remove_reward_term", "set_reward_weight", "replace_reward_term") and term not in h.reward_weights:
+            if (
+                r.kind in ("remove_reward_term", "set_reward_weight", "replace_reward_term")
+                and term not in h.reward_weights
+            ):
                 continue
             if r.kind == "add_reward_term" and term in h.reward_weights:
                 continue
-            out.append(Intervention(kind=r.kind, target=target, value=value,
-                                    hypothesis=Hypothesis(finding=f.name, signal=r.signal, direction=r.direction,
-                                                          rationale=r.rationale)))
+            out.append(
+                Intervention(
+                    kind=r.kind,
+                    target=target,
+                    value=value,
+                    hypothesis=Hypothesis(
+                        finding=f.name, signal=r.signal, direction=r.direction, rationale=r.rationale
+                    ),
+                )
+            )
     return out
 
 
@@ -177,7 +337,11 @@ def candidates_for(f: Finding, h: Harness) -> list[Intervention]:
 # in the catalog refines by 3x once a direction has won).
 # num_generations is not here: it changes the compute per step, which a trial at equal steps would
 # not charge fairly; it is a catalog remedy for dead groups only.
-_EXPLORE: list[tuple[str, float]] = [("optimizer.learning_rate", 10.0), ("sampling.temperature", 1.25), ("loss.epsilon", 1.5)]
+_EXPLORE: list[tuple[str, float]] = [
+    ("optimizer.learning_rate", 10.0),
+    ("sampling.temperature", 1.25),
+    ("loss.epsilon", 1.5),
+]
 _UNSTABLE = {"kl_spike", "entropy_explosion", "nonfinite", "length_blowup", "repetition"}
 
 
@@ -197,8 +361,19 @@ def explore(h: Harness, tried_targets: set[str], findings: list[Finding], rng: r
         if k.low is not None:
             v = max(v, k.low)
         value: Any = int(round(v)) if k.type == "int" else float(f"{v:.3g}")
-        out.append(Intervention(kind="set_knob", target=target, value=value, hypothesis=Hypothesis(
-            finding="explore", signal=ACC, direction="up", rationale=f"exploration: {target} not tried on this run")))
+        out.append(
+            Intervention(
+                kind="set_knob",
+                target=target,
+                value=value,
+                hypothesis=Hypothesis(
+                    finding="explore",
+                    signal=ACC,
+                    direction="up",
+                    rationale=f"exploration: {target} not tried on this run",
+                ),
+            )
+        )
     return out
 
 
@@ -208,15 +383,23 @@ class HeuristicProposer:
     def __init__(self, seed: int = 0):
         self.seed = seed
 
-    def propose(self, brief: Brief) -> list[Proposal]:
+    def propose(self, brief: Brief) -> ProposerOutput:
         """Skills for this signature first (by evidence), then catalog remedies for the findings
         (most severe first), with `explore` of the slots reserved for untried knobs."""
         h = brief.harness
         ranked: list[Proposal] = []
-        for s in sorted(brief.skills, key=lambda s: (-s.similarity, s.quarantined, -(s.wins - s.losses), -s.mean_effect)):
+        for s in sorted(
+            brief.skills, key=lambda s: (-s.similarity, s.quarantined, -(s.wins - s.losses), -s.mean_effect)
+        ):
             if s.similarity > 0 and s.wins > s.losses:
-                ranked.append(Proposal(s.intervention, "skill", s.skill_id,
-                                       f"skill {s.skill_id}: {s.wins} won, {s.losses} lost, similarity {s.similarity:.2f}"))
+                ranked.append(
+                    Proposal(
+                        s.intervention,
+                        "skill",
+                        s.skill_id,
+                        f"skill {s.skill_id}: {s.wins} won, {s.losses} lost, similarity {s.similarity:.2f}",
+                    )
+                )
         order = {"critical": 0, "warning": 1, "info": 2}
         findings = sorted(brief.findings, key=lambda f: (order[f.severity], not f.validity, f.name))
         # Interleave remedies across findings so one noisy finding cannot take every slot.
@@ -231,7 +414,11 @@ class HeuristicProposer:
         kept, _ = screen(ranked + exploratory, brief)
         n_explore = round(brief.limit * brief.explore) if exploratory else 0
         main = [p for p in kept if p.source != "explore"][: brief.limit - n_explore]
-        extra = [p for p in kept if p.source == "explore" and intervention_key(p.intervention) not in
-                 {intervention_key(m.intervention) for m in main}]
+        extra = [
+            p
+            for p in kept
+            if p.source == "explore"
+            and intervention_key(p.intervention) not in {intervention_key(m.intervention) for m in main}
+        ]
         out = main + extra[: brief.limit - len(main)]
-        return out[: brief.limit]
+        return ProposerOutput(out[: brief.limit])

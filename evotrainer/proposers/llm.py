@@ -2,6 +2,7 @@
 optional detectors) as JSON. Output is repaired where the repair is unambiguous, checked against the
 same schema and `screen` as the heuristic's, and re-asked once with the reasons when something cannot be
 used; what still fails is dropped and recorded. Every exchange is a transcript in run_dir/llm/."""
+
 from __future__ import annotations
 
 import hashlib
@@ -19,7 +20,7 @@ from evotrainer.harness.interventions import Intervention
 from evotrainer.proposers.brief import check_isolation
 from evotrainer.proposers.llm_client import LLMClient, LLMError, Reply, estimate_tokens
 from evotrainer.proposers.llm_prompt import SYSTEM, feedback, render
-from evotrainer.proposers.proposer import Brief, Proposal, intervention_key, screen
+from evotrainer.proposers.proposer import Brief, Proposal, ProposerOutput, intervention_key, screen
 from evotrainer.store.files import atomic_write_json
 from evotrainer.store.ledger import Charge, Ledger
 
@@ -32,34 +33,26 @@ class LLMProposer:
 
     def __init__(self, client: LLMClient, llm: LLMSection, run_dir: Path, ledger: Ledger | None = None):
         self.client, self.llm, self.run_dir, self.ledger = client, llm, Path(run_dir), ledger
-        self._charge = Charge()
-        self._detectors: list[dict[str, Any]] = []
+        self._charge = Charge()  # this round's spend so far (what `propose` returns)
+        self._spent = Charge()  # everything spent through this proposer: the cost cap without a ledger
 
     @classmethod
-    def from_config(cls, cfg: RunConfig, ledger: Ledger | None = None, run_dir: str | Path | None = None) -> "LLMProposer":
+    def from_config(
+        cls, cfg: RunConfig, ledger: Ledger | None = None, run_dir: str | Path | None = None
+    ) -> LLMProposer:
         """Check the endpoint now (ConfigError if it is unset, unreachable, refuses the key or does not
         serve the model), so a bad endpoint stops the run at start-up and not in a round. Writes nothing."""
         client = LLMClient.from_config(cfg.llm)
         client.check()
         return cls(client, cfg.llm, Path(run_dir) if run_dir else Path(cfg.run.out_dir) / cfg.run.name, ledger)
 
-    # -- the loop's hooks ---------------------------------------------------------------------------------------
-    def take_charges(self) -> dict[str, Charge]:
-        """The LLM's tokens, cost and seconds since the last call (the loop charges them to `propose`)."""
-        ch, self._charge = self._charge, Charge()
-        return {"llm": ch} if ch != Charge() else {}
-
-    def take_detectors(self) -> list[dict[str, Any]]:
-        """The detectors the model wrote this round, as written (diagnostics/agent.py admits or refuses each)."""
-        out, self._detectors = self._detectors, []
-        return out
-
     # -- propose ----------------------------------------------------------------------------------------------------
-    def propose(self, brief: Brief) -> list[Proposal]:
+    def propose(self, brief: Brief) -> ProposerOutput:
         """At most two exchanges: the brief, and one re-ask with the reasons when the reply could not be
         used as it stood. Never raises for what the model writes or for a failed endpoint: a round
         without usable output proposes nothing, and its transcript says why."""
         check_isolation(brief)  # the loop built it; check again at the door of the only component that talks outside
+        self._charge = Charge()
         # Room for two replies and the feedback between them: a re-ask resends the brief with both.
         budget = self.llm.context_tokens - 2 * self.llm.max_output_tokens - FEEDBACK_TOKENS - estimate_tokens(SYSTEM)
         rendered = render(brief, budget)
@@ -67,9 +60,14 @@ class LLMProposer:
         accepted: list[Proposal] = []
         detectors: dict[str, Any] = {}  # by name, so a re-ask's corrected detector replaces the first; all go to admit
         for n in (1, 2):
-            record: dict[str, Any] = {"round": brief.round, "exchange": n, "model": self.client.model, "base_url": self.client.base_url,
-                                      "evidence": {"shown": rendered.shown, "left_out": rendered.left_out, "too_long": rendered.too_long},
-                                      "prompt_tokens_estimated": rendered.tokens}
+            record: dict[str, Any] = {
+                "round": brief.round,
+                "exchange": n,
+                "model": self.client.model,
+                "base_url": self.client.base_url,
+                "evidence": {"shown": rendered.shown, "left_out": rendered.left_out, "too_long": rendered.too_long},
+                "prompt_tokens_estimated": rendered.tokens,
+            }
             if (cap := self._over_cost()) is not None:
                 self._write(brief.round, n, {**record, "messages": messages, "skipped": cap})
                 break
@@ -81,14 +79,19 @@ class LLMProposer:
             sent = sum(estimate_tokens(m["content"]) for m in messages)
             if not reply.estimated_tokens and reply.input_tokens < 0.4 * sent:
                 # Ollama and some llama.cpp setups cut a prompt longer than their context without an error.
-                record["warning"] = (f"the server counted {reply.input_tokens} prompt tokens for about {sent} sent: it may have cut "
-                                     "the prompt; raise the server's context (Ollama: OLLAMA_CONTEXT_LENGTH) or lower llm.context_tokens")
+                record["warning"] = (
+                    f"the server counted {reply.input_tokens} prompt tokens for about {sent} sent: it may have cut "
+                    "the prompt; raise the server's context (Ollama: OLLAMA_CONTEXT_LENGTH) or lower llm.context_tokens"
+                )
             obj, repairs, error = parse_reply(reply.text, reply.finish_reason)
             item_errors: list[str] = []
             new: list[Proposal] = []
             det_errors: list[str] = []
             if obj is not None:
-                note = f"llm {self.client.model}, round {brief.round} exchange {n}: " + str(obj.get("diagnosis", ""))[:400]
+                note = (
+                    f"llm {self.client.model}, round {brief.round} exchange {n}: "
+                    + str(obj.get("diagnosis", ""))[:400]
+                )
                 for k, item in enumerate(obj.get("interventions") or []):
                     iv = _intervention(item)
                     if isinstance(iv, str):
@@ -105,28 +108,58 @@ class LLMProposer:
             # The loop's own screen: the same checks every proposer's output gets (one knob, in range,
             # not a duplicate, not already rejected under this signature).
             kept, refused = screen(accepted + new, brief)
-            fresh = kept[len(accepted):]
-            over = fresh[max(0, brief.limit - len(accepted)):]
+            fresh = kept[len(accepted) :]
+            over = fresh[max(0, brief.limit - len(accepted)) :]
             accepted = kept[: brief.limit]
             refusals = [f"{r.proposal.intervention.describe()}: {r.reason}" for r in refused]
             refusals += [f"{p.intervention.describe()}: over this round's limit of {brief.limit}" for p in over]
-            self._write(brief.round, n, {**record, "messages": messages, "response": reply.text, "cached": cached,
-                                         "finish_reason": reply.finish_reason, "parsed": obj, "repairs": repairs, "error": error,
-                                         "invalid": item_errors, "refusals": refusals, "detector_errors": det_errors,
-                                         "accepted": [_dump(p) for p in fresh if p in accepted],
-                                         "detectors": list(detectors.values()), "attempts": reply.attempts,
-                                         "input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens,
-                                         "estimated_tokens": reply.estimated_tokens, "cost": reply.cost, "seconds": reply.seconds})
+            self._write(
+                brief.round,
+                n,
+                {
+                    **record,
+                    "messages": messages,
+                    "response": reply.text,
+                    "cached": cached,
+                    "finish_reason": reply.finish_reason,
+                    "parsed": obj,
+                    "repairs": repairs,
+                    "error": error,
+                    "invalid": item_errors,
+                    "refusals": refusals,
+                    "detector_errors": det_errors,
+                    "accepted": [_dump(p) for p in fresh if p in accepted],
+                    "detectors": list(detectors.values()),
+                    "attempts": reply.attempts,
+                    "input_tokens": reply.input_tokens,
+                    "output_tokens": reply.output_tokens,
+                    "estimated_tokens": reply.estimated_tokens,
+                    "cost": reply.cost,
+                    "seconds": reply.seconds,
+                },
+            )
             problems = bool(error or item_errors or det_errors or [r for r in refused if r.proposal in new])
             if n == 2 or not problems or (len(accepted) >= brief.limit and not det_errors and not error):
                 break
             errors = ([error] if error else []) + item_errors
-            messages = messages + [{"role": "assistant", "content": reply.text},
-                                   {"role": "user", "content": feedback(errors, [r for r in refusals if "over this round" not in r],
-                                                                        [p.intervention.describe() for p in accepted],
-                                                                        det_errors, brief.limit)}]
-        self._detectors = list(detectors.values())
-        return accepted
+            messages = messages + [
+                {"role": "assistant", "content": reply.text},
+                {
+                    "role": "user",
+                    "content": feedback(
+                        errors,
+                        [r for r in refusals if "over this round" not in r],
+                        [p.intervention.describe() for p in accepted],
+                        det_errors,
+                        brief.limit,
+                    ),
+                },
+            ]
+        # The LLM's tokens, cost and seconds: the loop charges them to `propose`. The detectors go to
+        # revision.admit as written.
+        return ProposerOutput(
+            accepted, list(detectors.values()), {"llm": self._charge} if self._charge != Charge() else {}
+        )
 
     # -- one exchange, its charge and its transcript ------------------------------------------------------------------
     def _exchange(self, rnd: int, n: int, messages: list[dict[str, str]]) -> tuple[Reply, bool]:
@@ -141,8 +174,16 @@ class LLMProposer:
             except (OSError, ValueError):
                 old = {}
             if old.get("prompt_sha") == key and "response" in old:
-                reply = Reply(old["response"], old["input_tokens"], old["output_tokens"], old["cost"], old["seconds"],
-                              old.get("estimated_tokens", False), old.get("finish_reason"), old.get("attempts", []))
+                reply = Reply(
+                    old["response"],
+                    old["input_tokens"],
+                    old["output_tokens"],
+                    old["cost"],
+                    old["seconds"],
+                    old.get("estimated_tokens", False),
+                    old.get("finish_reason"),
+                    old.get("attempts", []),
+                )
                 self._add(reply)
                 return reply, True
         try:
@@ -154,13 +195,18 @@ class LLMProposer:
         return reply, False
 
     def _add(self, r: Reply) -> None:
-        self._charge = self._charge + Charge(seconds=r.seconds, llm_input_tokens=r.input_tokens,
-                                             llm_output_tokens=r.output_tokens, llm_cost=r.cost)
+        ch = Charge(
+            seconds=r.seconds, llm_input_tokens=r.input_tokens, llm_output_tokens=r.output_tokens, llm_cost=r.cost
+        )
+        self._charge, self._spent = self._charge + ch, self._spent + ch
 
     def _over_cost(self) -> str | None:
         if not self.llm.max_cost:
             return None
-        spent = (self.ledger.spent().llm_cost if self.ledger is not None else 0.0) + self._charge.llm_cost
+        # With a ledger, what earlier rounds spent is recorded there; this round's spend is not yet.
+        spent = (
+            self.ledger.spent().llm_cost + self._charge.llm_cost if self.ledger is not None else self._spent.llm_cost
+        )
         return f"llm.max_cost {self.llm.max_cost} reached (spent {spent:.4f})" if spent >= self.llm.max_cost else None
 
     def _path(self, rnd: int, n: int) -> Path:
@@ -197,7 +243,7 @@ def parse_reply(text: str, finish_reason: str | None = None) -> tuple[dict[str, 
         lo, hi = s.find("{"), s.rfind("}")
         if lo < 0 or hi < lo:
             return None, repairs, "no JSON object found in the reply"
-        s = s[lo:hi + 1]
+        s = s[lo : hi + 1]
         repairs.append("text around the JSON object removed")
     try:
         obj = json.loads(s, strict=False)
@@ -207,7 +253,11 @@ def parse_reply(text: str, finish_reason: str | None = None) -> tuple[dict[str, 
             obj = json.loads(fixed, strict=False)
             repairs += changes
         except ValueError as e:
-            cut = " (the reply was cut at llm.max_output_tokens: answer more briefly)" if finish_reason == "length" else ""
+            cut = (
+                " (the reply was cut at llm.max_output_tokens: answer more briefly)"
+                if finish_reason == "length"
+                else ""
+            )
             return None, repairs, f"not valid JSON: {e}{cut}"
     if isinstance(obj, list):
         obj = {"interventions": obj}
@@ -237,13 +287,13 @@ def _normalize(s: str) -> tuple[str, list[str]]:
             j = i + 1
             while j < n and s[j] != '"':
                 j += 2 if s[j] == "\\" else 1
-            out.append(s[i:j + 1])
+            out.append(s[i : j + 1])
             i = j + 1
         elif c == "'":
             j, buf = i + 1, []
             while j < n and s[j] != "'":
                 if s[j] == "\\" and j + 1 < n:
-                    buf.append(s[j + 1] if s[j + 1] in "'\\" else s[j:j + 2].encode().decode("unicode_escape"))
+                    buf.append(s[j + 1] if s[j + 1] in "'\\" else s[j : j + 2].encode().decode("unicode_escape"))
                     j += 2
                 else:
                     buf.append(s[j])
@@ -267,7 +317,9 @@ def _normalize(s: str) -> tuple[str, list[str]]:
             else:
                 out.append(c)
             i += 1
-        elif (m := re.match(r"(True|False|None)\b", s[i:])) and (i == 0 or not (s[i - 1].isalnum() or s[i - 1] == "_")):
+        elif (m := re.match(r"(True|False|None)\b", s[i:])) and (
+            i == 0 or not (s[i - 1].isalnum() or s[i - 1] == "_")
+        ):
             out.append({"True": "true", "False": "false", "None": "null"}[m.group(1)])
             changes.add("Python True / False / None converted")
             i += len(m.group(1))
@@ -287,11 +339,17 @@ def _intervention(item: Any) -> Intervention | str:
     try:
         return Intervention.model_validate(item)
     except ValidationError as e:
-        return "; ".join(f"{'.'.join(str(x) for x in err['loc']) or 'intervention'}: {err['msg']}" for err in e.errors())
+        return "; ".join(
+            f"{'.'.join(str(x) for x in err['loc']) or 'intervention'}: {err['msg']}" for err in e.errors()
+        )
 
 
 def _dump(p: Proposal) -> dict[str, Any]:
-    return {"intervention": p.intervention.model_dump(mode="json"), "key": intervention_key(p.intervention), "note": p.note}
+    return {
+        "intervention": p.intervention.model_dump(mode="json"),
+        "key": intervention_key(p.intervention),
+        "note": p.note,
+    }
 
 
 def _digest(model: str, messages: list[dict[str, str]]) -> str:

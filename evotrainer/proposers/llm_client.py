@@ -1,6 +1,7 @@
 """The LLM client: any OpenAI-compatible chat endpoint (a hosted API, vLLM, Ollama, llama.cpp, LM Studio)
 through the `openai` package, with a timeout per request, retries with backoff on transient errors, a
 start-up check that the endpoint and model answer, and each reply's tokens and cost."""
+
 from __future__ import annotations
 
 import os
@@ -9,8 +10,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from evotrainer.errors import ConfigError
 from evotrainer.config import LLMSection
+from evotrainer.errors import ConfigError
 
 BASE_URL_ENV = "EVOTRAINER_LLM_BASE_URL"
 MODEL_ENV = "EVOTRAINER_LLM_MODEL"
@@ -50,8 +51,10 @@ def resolve(llm: LLMSection) -> tuple[str, str, str | None]:
     base_url = llm.base_url or os.environ.get(BASE_URL_ENV)
     model = llm.model or os.environ.get(MODEL_ENV)
     if not base_url:
-        raise ConfigError(f"llm.base_url: not set; loop.proposer llm needs an OpenAI-compatible endpoint, e.g. "
-                          f"https://api.openai.com/v1 or http://localhost:11434/v1 (or set ${BASE_URL_ENV})")
+        raise ConfigError(
+            f"llm.base_url: not set; loop.proposer llm needs an OpenAI-compatible endpoint, e.g. "
+            f"https://api.openai.com/v1 or http://localhost:11434/v1 (or set ${BASE_URL_ENV})"
+        )
     if not base_url.startswith(("http://", "https://")):
         raise ConfigError(f"llm.base_url = {base_url!r}: must start with http:// or https://")
     if not model:
@@ -60,9 +63,21 @@ def resolve(llm: LLMSection) -> tuple[str, str, str | None]:
 
 
 class LLMClient:
-    def __init__(self, base_url: str, model: str, api_key: str | None, *, timeout: float = 120.0, max_retries: int = 3,
-                 temperature: float = 0.2, max_output_tokens: int = 2048, price_input_per_1k: float = 0.0,
-                 price_output_per_1k: float = 0.0, backoff_seconds: float = 1.0, key_env: str = "EVOTRAINER_LLM_API_KEY"):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None,
+        *,
+        timeout: float = 120.0,
+        max_retries: int = 3,
+        temperature: float = 0.2,
+        max_output_tokens: int = 2048,
+        price_input_per_1k: float = 0.0,
+        price_output_per_1k: float = 0.0,
+        backoff_seconds: float = 1.0,
+        key_env: str = "EVOTRAINER_LLM_API_KEY",
+    ):
         import openai
 
         self.base_url, self.model, self.key_env = base_url, model, key_env
@@ -75,15 +90,26 @@ class LLMClient:
         self._json_mode = True  # dropped for good after a server refuses response_format
 
     @classmethod
-    def from_config(cls, llm: LLMSection) -> "LLMClient":
+    def from_config(cls, llm: LLMSection) -> LLMClient:
         base_url, model, key = resolve(llm)
         if llm.max_output_tokens * 4 > llm.context_tokens:
             # A re-ask holds the brief, the first reply and room for the second: the brief needs the rest.
-            raise ConfigError(f"llm.max_output_tokens = {llm.max_output_tokens}: at most a quarter of llm.context_tokens "
-                              f"({llm.context_tokens}), or too little room is left for the brief")
-        return cls(base_url, model, key, timeout=llm.timeout_seconds, max_retries=llm.max_retries, temperature=llm.temperature,
-                   max_output_tokens=llm.max_output_tokens, price_input_per_1k=llm.price_input_per_1k,
-                   price_output_per_1k=llm.price_output_per_1k, key_env=llm.api_key_env)
+            raise ConfigError(
+                f"llm.max_output_tokens = {llm.max_output_tokens}: at most a quarter of llm.context_tokens "
+                f"({llm.context_tokens}), or too little room is left for the brief"
+            )
+        return cls(
+            base_url,
+            model,
+            key,
+            timeout=llm.timeout_seconds,
+            max_retries=llm.max_retries,
+            temperature=llm.temperature,
+            max_output_tokens=llm.max_output_tokens,
+            price_input_per_1k=llm.price_input_per_1k,
+            price_output_per_1k=llm.price_output_per_1k,
+            key_env=llm.api_key_env,
+        )
 
     # -- the start-up check ------------------------------------------------------------------------------------
     def check(self) -> dict[str, Any]:
@@ -96,25 +122,37 @@ class LLMClient:
         try:
             served = [m.id for m in client.models.list()]
         except (openai.APIConnectionError, openai.APITimeoutError) as e:
-            raise ConfigError(f"llm.base_url: cannot reach {self.base_url} ({_cause(e)}); is the server running and the URL "
-                              "right (it usually ends in /v1)?") from None
+            raise ConfigError(
+                f"llm.base_url: cannot reach {self.base_url} ({_cause(e)}); is the server running and the URL "
+                "right (it usually ends in /v1)?"
+            ) from None
         except openai.AuthenticationError:
-            raise ConfigError(f"llm: {self.base_url} refused the API key; set ${self.key_env} to a valid key") from None
+            raise ConfigError(
+                f"llm: {self.base_url} refused the API key; set ${self.key_env} to a valid key"
+            ) from None
         except openai.APIStatusError:
             pass  # some servers have no model list: the one-token request below decides
         if self.model in served:
             return {"served": served, "probe": "models"}
         try:
-            client.chat.completions.create(model=self.model, messages=[{"role": "user", "content": "ok"}], max_tokens=1)
+            client.chat.completions.create(
+                model=self.model, messages=[{"role": "user", "content": "ok"}], max_tokens=1
+            )
         except (openai.APIConnectionError, openai.APITimeoutError) as e:
             raise ConfigError(f"llm.base_url: cannot reach {self.base_url} ({_cause(e)})") from None
         except openai.AuthenticationError:
-            raise ConfigError(f"llm: {self.base_url} refused the API key; set ${self.key_env} to a valid key") from None
+            raise ConfigError(
+                f"llm: {self.base_url} refused the API key; set ${self.key_env} to a valid key"
+            ) from None
         except (openai.NotFoundError, openai.BadRequestError) as e:
             hint = f"; it serves: {', '.join(served[:20])}" if served else ""
-            raise ConfigError(f"llm.model: {self.model!r} is not served at {self.base_url} ({_status(e)}){hint}") from None
+            raise ConfigError(
+                f"llm.model: {self.model!r} is not served at {self.base_url} ({_status(e)}){hint}"
+            ) from None
         except openai.APIStatusError as e:
-            raise ConfigError(f"llm: {self.base_url} answered a one-token request for {self.model!r} with {_status(e)}") from None
+            raise ConfigError(
+                f"llm: {self.base_url} answered a one-token request for {self.model!r} with {_status(e)}"
+            ) from None
         return {"served": served, "probe": "chat"}
 
     # -- one exchange ---------------------------------------------------------------------------------------------
@@ -126,8 +164,12 @@ class LLMClient:
         attempts: list[str] = []
         t0 = time.perf_counter()
         for attempt in range(self.max_retries + 1):
-            kwargs: dict[str, Any] = {"model": self.model, "messages": messages, "temperature": self.temperature,
-                                      "max_tokens": self.max_output_tokens}
+            kwargs: dict[str, Any] = {
+                "model": self.model,
+                "messages": messages,
+                "temperature": self.temperature,
+                "max_tokens": self.max_output_tokens,
+            }
             if self._json_mode:
                 kwargs["response_format"] = {"type": "json_object"}
             try:
@@ -139,11 +181,16 @@ class LLMClient:
                     attempts.append(f"response_format refused ({_status(e)}); asking without it")
                     continue
                 raise LLMError(f"the endpoint refused the request: {_status(e)}") from None
-            except (openai.APIConnectionError, openai.APITimeoutError, openai.RateLimitError, openai.InternalServerError) as e:
+            except (
+                openai.APIConnectionError,
+                openai.APITimeoutError,
+                openai.RateLimitError,
+                openai.InternalServerError,
+            ) as e:
                 attempts.append(f"{type(e).__name__}: {_status(e)}")
                 if attempt == self.max_retries:
                     raise LLMError(f"gave up after {attempt + 1} attempt(s): {'; '.join(attempts)}") from None
-                time.sleep(_retry_after(e) or self.backoff * 2 ** attempt * (1 + 0.25 * random.random()))
+                time.sleep(_retry_after(e) or self.backoff * 2**attempt * (1 + 0.25 * random.random()))
                 continue
             except openai.APIStatusError as e:
                 raise LLMError(f"the endpoint answered {_status(e)}") from None

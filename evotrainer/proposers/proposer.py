@@ -2,6 +2,7 @@
 run's history of interventions and verdicts, the matching skills) and returns Proposals: single-factor
 interventions, each with the hypothesis it tests. `screen` applies the same checks to every proposer's
 output (heuristic or LLM), so what reaches a trial is valid whoever wrote it."""
+
 from __future__ import annotations
 
 import json
@@ -11,6 +12,7 @@ from typing import Any, Protocol
 from evotrainer.diagnostics.detector import Finding
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.interventions import Intervention, InterventionError
+from evotrainer.store.ledger import Charge
 
 
 def signature(findings: list[Finding]) -> tuple[str, ...]:
@@ -87,10 +89,21 @@ class Proposal:
     note: str = ""
 
 
+@dataclass(frozen=True)
+class ProposerOutput:
+    """Everything a proposer produces in one round: its proposals; detectors it wrote (as written: the
+    loop admits or refuses each after the same checks and backtest as induced ones); and what it spent
+    besides the policy's compute (an LLM's tokens, cost and seconds), charged to the propose stage."""
+
+    proposals: list[Proposal]
+    detectors: list[dict[str, Any]] = field(default_factory=list)
+    charges: dict[str, Charge] = field(default_factory=dict)
+
+
 class Proposer(Protocol):
     name: str
 
-    def propose(self, brief: Brief) -> list[Proposal]: ...
+    def propose(self, brief: Brief) -> ProposerOutput: ...
 
 
 @dataclass(frozen=True)
@@ -119,7 +132,9 @@ def screen(proposals: list[Proposal], brief: Brief) -> tuple[list[Proposal], lis
         if key in seen:
             refused.append(Refusal(p, "duplicate of an earlier proposal this round"))
         elif (key, brief.signature) in rejected:
-            refused.append(Refusal(p, f"already rejected on this run under the same signature {list(brief.signature)}"))
+            refused.append(
+                Refusal(p, f"already rejected on this run under the same signature {list(brief.signature)}")
+            )
         else:
             seen.add(key)
             kept.append(Proposal(bound, p.source, p.skill_id, p.note))

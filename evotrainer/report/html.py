@@ -3,6 +3,7 @@ lineage tree, the held-out metric per branch over time, the findings of each rou
 evidence rollouts (included at the end of the file), every verdict with its statistic, the budget by
 stage, and the skills used and created. The chart is a hand-written inline SVG: a plotting library
 would add a dependency (or JavaScript) for one line chart."""
+
 from __future__ import annotations
 
 import html
@@ -10,9 +11,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from evotrainer.store.files import sql_list
+from evotrainer.stages.results import stage_results
+from evotrainer.store.files import atomic_write_text, sql_list
 from evotrainer.store.ledger import Ledger
 from evotrainer.store.rollouts import RolloutStore
+from evotrainer.types import branch_id
 
 CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
 table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 6px;font-size:13px;vertical-align:top}
@@ -37,25 +40,38 @@ def _chart(branches: list[dict[str, Any]], heads: set[str]) -> str:
     xmax = max(p[0] for p in pts) or 1
     ys = [p[1] for p in pts]
     ylo, yhi = max(0.0, min(ys) - 0.05), min(1.0, max(ys) + 0.05)
+
     def xy(x: float, y: float) -> tuple[float, float]:
         return pad + (w - 2 * pad) * x / xmax, h - pad - (h - 2 * pad) * (y - ylo) / max(yhi - ylo, 1e-9)
-    out = [f'<svg width="{w}" height="{h}" xmlns="http://www.w3.org/2000/svg" style="border:1px solid #ddd">',
-           f'<text x="{pad}" y="15" font-size="12">held-out accuracy (gate tasks) by branch, at its last step</text>']
+
+    out = [
+        f'<svg width="{w}" height="{h}" xmlns="http://www.w3.org/2000/svg" style="border:1px solid #ddd">',
+        f'<text x="{pad}" y="15" font-size="12">held-out accuracy (gate tasks) by branch, at its last step</text>',
+    ]
     for frac in (0.0, 0.5, 1.0):
         y = ylo + frac * (yhi - ylo)
         _, py = xy(0, y)
-        out.append(f'<text x="2" y="{py:.0f}" font-size="10">{y:.2f}</text><line x1="{pad}" x2="{w - pad}" y1="{py:.0f}" y2="{py:.0f}" stroke="#eee"/>')
+        out.append(
+            f'<text x="2" y="{py:.0f}" font-size="10">{y:.2f}</text><line x1="{pad}" x2="{w - pad}" y1="{py:.0f}" y2="{py:.0f}" stroke="#eee"/>'
+        )
     main = sorted((p for p in pts if p[2]["id"] in heads), key=lambda p: p[0])
     if len(main) > 1:
-        out.append('<polyline fill="none" stroke="#070" stroke-width="2" points="' +
-                   " ".join("%.0f,%.0f" % xy(x, y) for x, y, _ in main) + '"/>')
+        out.append(
+            '<polyline fill="none" stroke="#070" stroke-width="2" points="'
+            + " ".join("%.0f,%.0f" % xy(x, y) for x, y, _ in main)
+            + '"/>'
+        )
     colors = {"control": "#555", "candidate": "#06c", "aa": "#c80", "segment": "#070"}
     for x, y, b in pts:
         px, py = xy(x, y)
-        out.append(f'<circle cx="{px:.0f}" cy="{py:.0f}" r="4" fill="{colors.get(b["kind"], "#000")}"><title>{_e(b["id"])}: '
-                   f'{y:.3f} ({_e(b["kind"])}, step {x})</title></circle>')
-    out.append(f'<text x="{w - pad}" y="{h - 8}" font-size="10" text-anchor="end">step (max {xmax}); green line: mainline heads; '
-               'blue candidates, grey controls, orange A-A</text></svg>')
+        out.append(
+            f'<circle cx="{px:.0f}" cy="{py:.0f}" r="4" fill="{colors.get(b["kind"], "#000")}"><title>{_e(b["id"])}: '
+            f"{y:.3f} ({_e(b['kind'])}, step {x})</title></circle>"
+        )
+    out.append(
+        f'<text x="{w - pad}" y="{h - 8}" font-size="10" text-anchor="end">step (max {xmax}); green line: mainline heads; '
+        "blue candidates, grey controls, orange A-A</text></svg>"
+    )
     return "".join(out)
 
 
@@ -63,112 +79,195 @@ def _tree(branches: list[dict[str, Any]], heads: set[str]) -> str:
     children: dict[str | None, list[dict[str, Any]]] = {}
     for b in branches:
         children.setdefault(b["parent"], []).append(b)
+
     def node(b: dict[str, Any]) -> str:
         acc = f" acc {b['heldout_accuracy']:.3f}" if b["heldout_accuracy"] is not None else ""
-        label = (f'<span class="{"main" if b["id"] in heads else ""}">{_e(b["id"])}</span> <span class=muted>{_e(b["kind"])}, '
-                 f'steps {b["first_step"]}-{b["last_step"]}, harness {_e(b["harness_version"])}, suite {_e(b["suite_version"])}{acc}</span>')
+        label = (
+            f'<span class="{"main" if b["id"] in heads else ""}">{_e(b["id"])}</span> <span class=muted>{_e(b["kind"])}, '
+            f"steps {b['first_step']}-{b['last_step']}, harness {_e(b['harness_version'])}, suite {_e(b['suite_version'])}{acc}</span>"
+        )
         kids = children.get(b["id"], [])
         return "<li>" + label + (f'<ul class="tree">{"".join(node(k) for k in kids)}</ul>' if kids else "") + "</li>"
+
     return '<ul class="tree">' + "".join(node(b) for b in children.get(None, [])) + "</ul>"
 
 
 def write_report(run_dir: str | Path) -> Path:
     run_dir = Path(run_dir)
     ledger = Ledger(run_dir / "ledger.sqlite")
-    store = RolloutStore(run_dir / "store")
     try:
-        branches, trials, verdicts = ledger.branches(), {t["id"]: t for t in ledger.trials()}, ledger.verdicts()
-        stages = ledger.rows("SELECT round, stage, result FROM stages ORDER BY round, finished")
-        results = {(s["round"], s["stage"]): json.loads(s["result"]) for s in stages}
-        heads = {"base"} | {r["head"]["branch"] for (_, st), r in results.items() if st == "promote"}
-        summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
-        cited: list[str] = []
-        parts = [f"<!doctype html><meta charset=utf-8><title>EvoTrainer run {_e(run_dir.name)}</title><style>{CSS}</style>",
-                 f"<h1>EvoTrainer run <code>{_e(run_dir.name)}</code></h1>"]
-        if summary:
-            parts.append(f"<p>{summary['rounds']} round(s), stopped: {_e(summary['stop_reason'])}. Final-task accuracy (tasks no gate "
-                         f"decision read) <b>{summary['baseline_accuracy']:.3f} &rarr; {summary['final_accuracy']:.3f}</b>; "
-                         f"evaluator <code>{_e(summary['evaluator_hash'])}</code>; final harness <code>{_e(summary['harness_version'])}</code>.</p>")
-        parts.append("<h2>Budget by stage</h2><table><tr><th>stage</th><th>generated tokens</th><th>trained tokens</th><th>seconds</th></tr>")
-        for st, c in sorted(ledger.spent_by_stage().items()):
-            parts.append(f"<tr><td>{_e(st)}</td><td>{c.generated_tokens:,}</td><td>{c.trained_tokens:,}</td><td>{c.seconds:.1f}</td></tr>")
-        t = ledger.spent()
-        parts.append(f"<tr><th>total</th><th>{t.generated_tokens:,}</th><th>{t.trained_tokens:,}</th><th>{t.seconds:.1f}</th></tr></table>")
-        parts += ["<h2>Lineage</h2>", _tree(branches, heads), "<h2>Held-out metric per branch</h2>", _chart(branches, heads)]
-        parts.append("<h2>Rounds</h2>")
-        rounds = sorted({r for r, _ in results if r > 0})
-        for rnd in rounds:
-            parts.append(f"<h3>Round {rnd}</h3>")
-            diag = results.get((rnd, "diagnose"), {}).get("findings", []) + results.get((rnd, "revise"), {}).get("findings", [])
-            parts.append("<table><tr><th>finding</th><th>severity</th><th>validity</th><th>message</th><th>evidence</th><th>knobs</th></tr>")
-            for f in diag:
-                cited += f["evidence"][:3]
-                parts.append(f"<tr><td>{_e(f['name'])}</td><td>{_e(f['severity'])}</td><td>{'yes' if f['validity'] else ''}</td>"
-                             f"<td>{_e(f['message'])}</td><td>{' '.join(_link(i) for i in f['evidence'][:3])}</td><td>{_e(', '.join(f['knobs']))}</td></tr>")
-            parts.append("</table>" if diag else "</table><p class=muted>no findings on the segment</p>")
-            rev = results.get((rnd, "revise"))
-            if rev:
-                parts.append(f"<p>suite revision: {'accepted' if rev['accepted'] else 'none'}; induction: {_e(rev['induction']['reason'])}"
-                             + (f"; refused for {len(rev['refused_for_flips'])} verdict flip(s)" if rev["refused_for_flips"] else "") + "</p>")
-            prop = results.get((rnd, "propose"))
-            if prop:
-                parts.append("<p>proposals (signature <code>" + _e(", ".join(prop["signature"]) or "none") + "</code>): " +
-                             "; ".join(f"<code>{_e(p['key'])}</code> [{_e(p['source'])}{' ' + _e(p['skill_id']) if p['skill_id'] else ''}]"
-                                       for p in prop["proposals"]) + "</p>")
-                if prop["refused"]:
-                    parts.append("<p class=muted>refused: " + "; ".join(f"{_e(r['proposal']['key'])}: {_e(r['reason'])}" for r in prop["refused"]) + "</p>")
-            rep = results.get((rnd, "replay"))
-            if rep and rep["dropped"]:
-                parts.append("<p class=muted>dropped by replay: " + "; ".join(_e(d["why"]) for d in rep["dropped"]) + "</p>")
-            ctl_rej = results.get((rnd, "gate"), {}).get("control_rejected")
-            if ctl_rej:
-                rej = results.get((rnd, "promote"), {}).get("rejected")
-                parts.append(f'<p class=reject>control r{rnd:02d}-ctl (the harness unchanged) rejected: {_e(", ".join(ctl_rej))}; '
-                             + (f'the mainline rolled back to {_e(rej["rolled_back_to"])}' if rej else "the mainline continues from the winner")
-                             + "</p>")
-            rem = results.get((rnd, "remember"), {}).get("skills", [])
-            if rem:
-                parts.append("<p>skills: " + "; ".join(f"{_e(s['skill'])} ({s['wins']} won, {s['losses']} lost"
-                                                        f"{', quarantined' if s['quarantined'] else ''})" for s in rem) + "</p>")
-        parts.append("<h2>Verdicts</h2><table><tr><th>trial</th><th>intervention</th><th>hypothesis</th><th>decision</th><th>statistic</th>"
-                     "<th>noise (A-A)</th><th>reasons</th><th>validity findings</th><th>evidence</th><th>budget</th><th>evaluator</th></tr>")
-        for v in verdicts:
-            tr = trials[v["trial"]]
-            iv, s = tr["intervention"], v["statistic"]
-            ev = s.get("evidence", {})
-            cited += ev.get("candidate_won", [])[:2] + ev.get("candidate_lost", [])[:2]
-            stat = (f"{_e(s['test'])} delta {s['delta']:+.3f}" + (f", lower {s['lower']:+.3f}" if "lower" in s else f", p {s.get('p', 1):.3f}")
-                    + f"; cand {s['candidate_accuracy']:.3f} vs ctrl {s['control_accuracy']:.3f} on {s['n']} tasks")
-            vf = [f for f in v["findings"] if f["validity"]]
-            parts.append(f"<tr><td>{_e(v['trial'])}<br><span class=muted>{_e(tr['source'])}</span></td><td><code>{_e(iv['kind'])} {_e(iv['target'])}: "
-                         f"{_e(iv.get('before'))} &rarr; {_e(iv['value'])}</code></td><td>{_e(iv['hypothesis']['finding'])}: "
-                         f"{_e(iv['hypothesis']['signal'])} {_e(iv['hypothesis']['direction'])}</td><td class=\"{_e(v['decision'])}\">{_e(v['decision'])}</td>"
-                         f"<td>{stat}</td><td>{v['noise'].get('abs_delta', 0):.3f}</td><td>{_e(', '.join(v['reasons']) or '-')}</td>"
-                         f"<td>{'; '.join(_e(f['name']) + ': ' + ' '.join(_link(i) for i in f['evidence'][:2]) for f in vf) or '-'}</td>"
-                         f"<td>won: {' '.join(_link(i) for i in ev.get('candidate_won', [])[:2])}<br>lost: "
-                         f"{' '.join(_link(i) for i in ev.get('candidate_lost', [])[:2])}</td>"
-                         f"<td>{v['budget']['candidate']['generated_tokens']:,} tok</td><td><code>{_e(v['evaluator_hash'])}</code></td></tr>")
-            cited += [i for f in vf for i in f["evidence"][:2]]
-        parts.append("</table>")
-        transcripts = sorted((run_dir / "llm").glob("*.json")) if (run_dir / "llm").is_dir() else []
-        if transcripts:
-            parts.append("<h2>LLM exchanges</h2><ul>" + "".join(f'<li><a href="llm/{_e(p.name)}">{_e(p.name)}</a></li>' for p in transcripts) + "</ul>")
-        parts.append("<h2>Evidence rollouts</h2>")
-        ids = list(dict.fromkeys(cited))
-        if ids:
-            rows = store.query(f"id IN {sql_list(ids)}")
-            for r in rows:
-                turns = "".join(f"<b>action</b> {_e(t['action'])}\n" + (f"<b>observation</b> {_e(t['observation'])}\n" if t["observation"] else "")
-                                for t in r["turns"])
-                rw = r["rewards"] if isinstance(r["rewards"], dict) else {x["term"]: x["value"] for x in r["rewards"]}
-                rewards = ", ".join(f"{k}={v:.2f}" for k, v in rw.items())
-                parts.append(f'<div id="r-{_e(r["id"])}"><h4><code>{_e(r["id"])}</code> <span class=muted>{_e(r["split"])}, task '
-                             f'{_e(r["task_id"])}, termination {_e(r["termination"])}, reward {r["reward"]:.3f} ({_e(rewards)}), audit '
-                             f'{_e(r["audit"])}</span></h4><pre>{_e(r["prompt"])}\n{turns}</pre></div>')
-        out = run_dir / "report.html"
-        tmp = out.with_suffix(".tmp")
-        tmp.write_text("\n".join(parts))
-        tmp.replace(out)
-        return out
+        page = _page(run_dir, ledger, RolloutStore(run_dir / "store"))
     finally:
         ledger.close()
+    return atomic_write_text(run_dir / "report.html", page)
+
+
+def _page(run_dir: Path, ledger: Ledger, store: RolloutStore) -> str:
+    results = stage_results(ledger.rows("SELECT round, stage, result FROM stages ORDER BY round, finished"))
+    branches = ledger.branches()
+    heads = {branch_id(0, "base")} | {r.head.branch for (_, st), r in results.items() if st == "promote"}
+    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+    cited: list[str] = []
+    parts = [
+        f"<!doctype html><meta charset=utf-8><title>EvoTrainer run {_e(run_dir.name)}</title><style>{CSS}</style>",
+        f"<h1>EvoTrainer run <code>{_e(run_dir.name)}</code></h1>",
+    ]
+    if summary:
+        parts.append(
+            f"<p>{summary['rounds']} round(s), stopped: {_e(summary['stop_reason'])}. Final-task accuracy (tasks no gate "
+            f"decision read) <b>{summary['baseline_accuracy']:.3f} &rarr; {summary['final_accuracy']:.3f}</b>; "
+            f"evaluator <code>{_e(summary['evaluator_hash'])}</code>; final harness <code>{_e(summary['harness_version'])}</code>.</p>"
+        )
+    parts += _budget(ledger)
+    parts += [
+        "<h2>Lineage</h2>",
+        _tree(branches, heads),
+        "<h2>Held-out metric per branch</h2>",
+        _chart(branches, heads),
+    ]
+    parts.append("<h2>Rounds</h2>")
+    for rnd in sorted({r for r, _ in results if r > 0}):
+        parts += _round(rnd, results, cited)
+    parts += _verdicts(ledger, cited)
+    transcripts = sorted((run_dir / "llm").glob("*.json")) if (run_dir / "llm").is_dir() else []
+    if transcripts:
+        parts.append(
+            "<h2>LLM exchanges</h2><ul>"
+            + "".join(f'<li><a href="llm/{_e(p.name)}">{_e(p.name)}</a></li>' for p in transcripts)
+            + "</ul>"
+        )
+    parts += _evidence(store, cited)
+    return "\n".join(parts)
+
+
+def _budget(ledger: Ledger) -> list[str]:
+    parts = [
+        "<h2>Budget by stage</h2><table><tr><th>stage</th><th>generated tokens</th><th>trained tokens</th><th>seconds</th></tr>"
+    ]
+    for st, c in sorted(ledger.spent_by_stage().items()):
+        parts.append(
+            f"<tr><td>{_e(st)}</td><td>{c.generated_tokens:,}</td><td>{c.trained_tokens:,}</td><td>{c.seconds:.1f}</td></tr>"
+        )
+    t = ledger.spent()
+    parts.append(
+        f"<tr><th>total</th><th>{t.generated_tokens:,}</th><th>{t.trained_tokens:,}</th><th>{t.seconds:.1f}</th></tr></table>"
+    )
+    return parts
+
+
+def _round(rnd: int, results: dict[tuple[int, str], Any], cited: list[str]) -> list[str]:
+    """One round: its findings (linked to their evidence), the suite revision, proposals, replay drops,
+    a rejected control and the skills it touched."""
+    diag = results.get((rnd, "diagnose"))
+    rev = results.get((rnd, "revise"))
+    found = (diag.findings if diag else []) + (rev.findings if rev else [])
+    parts = [
+        f"<h3>Round {rnd}</h3>",
+        "<table><tr><th>finding</th><th>severity</th><th>validity</th><th>message</th><th>evidence</th><th>knobs</th></tr>",
+    ]
+    for f in found:
+        cited += f.evidence[:3]
+        parts.append(
+            f"<tr><td>{_e(f.name)}</td><td>{_e(f.severity)}</td><td>{'yes' if f.validity else ''}</td>"
+            f"<td>{_e(f.message)}</td><td>{' '.join(_link(i) for i in f.evidence[:3])}</td><td>{_e(', '.join(f.knobs))}</td></tr>"
+        )
+    parts.append("</table>" if found else "</table><p class=muted>no findings on the segment</p>")
+    if rev:
+        parts.append(
+            f"<p>suite revision: {'accepted' if rev.accepted else 'none'}; induction: {_e(rev.induction['reason'])}"
+            + (f"; refused for {len(rev.refused_for_flips)} verdict flip(s)" if rev.refused_for_flips else "")
+            + "</p>"
+        )
+    if prop := results.get((rnd, "propose")):
+        parts.append(
+            "<p>proposals (signature <code>"
+            + _e(", ".join(prop.signature) or "none")
+            + "</code>): "
+            + "; ".join(
+                f"<code>{_e(p.key)}</code> [{_e(p.source)}{' ' + _e(p.skill_id) if p.skill_id else ''}]"
+                for p in prop.proposals
+            )
+            + "</p>"
+        )
+        if prop.refused:
+            parts.append(
+                "<p class=muted>refused: "
+                + "; ".join(f"{_e(r['proposal']['key'])}: {_e(r['reason'])}" for r in prop.refused)
+                + "</p>"
+            )
+    if (rep := results.get((rnd, "replay"))) and rep.dropped:
+        parts.append("<p class=muted>dropped by replay: " + "; ".join(_e(d.why) for d in rep.dropped) + "</p>")
+    if (g := results.get((rnd, "gate"))) and g.control_rejected:
+        rej = results[(rnd, "promote")].rejected if (rnd, "promote") in results else None
+        parts.append(
+            f"<p class=reject>control {branch_id(rnd, 'control')} (the harness unchanged) rejected: "
+            f"{_e(', '.join(g.control_rejected))}; "
+            + (
+                f"the mainline rolled back to {_e(rej.rolled_back_to)}"
+                if rej
+                else "the mainline continues from the winner"
+            )
+            + "</p>"
+        )
+    if (rem := results.get((rnd, "remember"))) and rem.skills:
+        parts.append(
+            "<p>skills: "
+            + "; ".join(
+                f"{_e(s['skill'])} ({s['wins']} won, {s['losses']} lost{', quarantined' if s['quarantined'] else ''})"
+                for s in rem.skills
+            )
+            + "</p>"
+        )
+    return parts
+
+
+def _verdicts(ledger: Ledger, cited: list[str]) -> list[str]:
+    trials = {t["id"]: t for t in ledger.trials()}
+    parts = [
+        "<h2>Verdicts</h2><table><tr><th>trial</th><th>intervention</th><th>hypothesis</th><th>decision</th><th>statistic</th>"
+        "<th>noise (A-A)</th><th>reasons</th><th>validity findings</th><th>evidence</th><th>budget</th><th>evaluator</th></tr>"
+    ]
+    for v in ledger.verdicts():
+        tr = trials[v["trial"]]
+        iv, s = tr["intervention"], v["statistic"]
+        ev = s.get("evidence", {})
+        cited += ev.get("candidate_won", [])[:2] + ev.get("candidate_lost", [])[:2]
+        stat = (
+            f"{_e(s['test'])} delta {s['delta']:+.3f}"
+            + (f", lower {s['lower']:+.3f}" if "lower" in s else f", p {s.get('p', 1):.3f}")
+            + f"; cand {s['candidate_accuracy']:.3f} vs ctrl {s['control_accuracy']:.3f} on {s['n']} tasks"
+        )
+        vf = [f for f in v["findings"] if f["validity"]]
+        parts.append(
+            f"<tr><td>{_e(v['trial'])}<br><span class=muted>{_e(tr['source'])}</span></td><td><code>{_e(iv['kind'])} {_e(iv['target'])}: "
+            f"{_e(iv.get('before'))} &rarr; {_e(iv['value'])}</code></td><td>{_e(iv['hypothesis']['finding'])}: "
+            f'{_e(iv["hypothesis"]["signal"])} {_e(iv["hypothesis"]["direction"])}</td><td class="{_e(v["decision"])}">{_e(v["decision"])}</td>'
+            f"<td>{stat}</td><td>{v['noise'].get('abs_delta', 0):.3f}</td><td>{_e(', '.join(v['reasons']) or '-')}</td>"
+            f"<td>{'; '.join(_e(f['name']) + ': ' + ' '.join(_link(i) for i in f['evidence'][:2]) for f in vf) or '-'}</td>"
+            f"<td>won: {' '.join(_link(i) for i in ev.get('candidate_won', [])[:2])}<br>lost: "
+            f"{' '.join(_link(i) for i in ev.get('candidate_lost', [])[:2])}</td>"
+            f"<td>{v['budget']['candidate']['generated_tokens']:,} tok</td><td><code>{_e(v['evaluator_hash'])}</code></td></tr>"
+        )
+        cited += [i for f in vf for i in f["evidence"][:2]]
+    parts.append("</table>")
+    return parts
+
+
+def _evidence(store: RolloutStore, cited: list[str]) -> list[str]:
+    """Every cited rollout in full, as the target of the links above."""
+    parts = ["<h2>Evidence rollouts</h2>"]
+    ids = list(dict.fromkeys(cited))
+    for r in store.query(f"id IN {sql_list(ids)}") if ids else []:
+        turns = "".join(
+            f"<b>action</b> {_e(t['action'])}\n"
+            + (f"<b>observation</b> {_e(t['observation'])}\n" if t["observation"] else "")
+            for t in r["turns"]
+        )
+        rw = r["rewards"] if isinstance(r["rewards"], dict) else {x["term"]: x["value"] for x in r["rewards"]}
+        rewards = ", ".join(f"{k}={v:.2f}" for k, v in rw.items())
+        parts.append(
+            f'<div id="r-{_e(r["id"])}"><h4><code>{_e(r["id"])}</code> <span class=muted>{_e(r["split"])}, task '
+            f"{_e(r['task_id'])}, termination {_e(r['termination'])}, reward {r['reward']:.3f} ({_e(rewards)}), audit "
+            f"{_e(r['audit'])}</span></h4><pre>{_e(r['prompt'])}\n{turns}</pre></div>"
+        )
+    return parts

@@ -9,6 +9,7 @@ Layers, strongest available first (`mechanisms()` says which are active, and war
             out of root-only files.
   rlimits   always: CPU seconds, address space, file size, no core files; processes where `nproc`.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,8 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from evotrainer.sandbox.limits import Limits
 
@@ -58,9 +59,12 @@ def mechanisms() -> dict[str, bool]:
             _mech = _probe()
             missing = [k for k in ("bwrap", "netns", "pidns", "nproc") if not _mech[k]]
             if missing:
-                log.warning("sandbox: %s not available on this machine; model code runs with %s. "
-                            "Install bubblewrap (apt-get install bubblewrap) for full isolation.",
-                            ", ".join(missing), ", ".join(k for k, v in _mech.items() if v) or "rlimits only")
+                log.warning(
+                    "sandbox: %s not available on this machine; model code runs with %s. "
+                    "Install bubblewrap (apt-get install bubblewrap) for full isolation.",
+                    ", ".join(missing),
+                    ", ".join(k for k, v in _mech.items() if v) or "rlimits only",
+                )
         return dict(_mech)
 
 
@@ -69,19 +73,36 @@ def _probe() -> dict[str, bool]:
     # layer exists but misbehaves. It can only weaken isolation to a level this module supports.
     off = set(filter(None, os.environ.get("EVOTRAINER_SANDBOX_DISABLE", "").split(",")))
     root = os.geteuid() == 0
-    m = {"bwrap": False, "mountns": False, "netns": False, "pidns": False, "userns": False, "uid_drop": False,
-         "rlimits": True, "nproc": False, "prlimit": shutil.which("prlimit") is not None, "tmpfs": False}
+    m = {
+        "bwrap": False,
+        "mountns": False,
+        "netns": False,
+        "pidns": False,
+        "userns": False,
+        "uid_drop": False,
+        "rlimits": True,
+        "nproc": False,
+        "prlimit": shutil.which("prlimit") is not None,
+        "tmpfs": False,
+    }
     setpriv = root and "setpriv" not in off and shutil.which("setpriv") is not None
     with tempfile.TemporaryDirectory(prefix="evotrainer-probe-") as d:
         uid = next_uid() if setpriv else None
         if uid is not None:
             os.chown(d, uid, uid)
         if "bwrap" not in off and shutil.which("bwrap"):
-            cmd = _bwrap_prefix(d, (), die_with_parent=True, root=root) + _setpriv(uid) + [python_executable(), "-S", "-I", "-c", "pass"]
+            cmd = (
+                _bwrap_prefix(d, (), die_with_parent=True, root=root)
+                + _setpriv(uid)
+                + [python_executable(), "-S", "-I", "-c", "pass"]
+            )
             m["bwrap"] = _probe_ok(cmd)
             # --size (bwrap >= 0.8) caps the pool workers' tmpfs; older versions bind a host directory.
-            m["tmpfs"] = m["bwrap"] and _probe_ok(_bwrap_prefix(d, (), die_with_parent=True, root=root, tmpfs_bytes=1 << 20)
-                                                  + _setpriv(uid) + [python_executable(), "-S", "-I", "-c", "open('x', 'w')"])
+            m["tmpfs"] = m["bwrap"] and _probe_ok(
+                _bwrap_prefix(d, (), die_with_parent=True, root=root, tmpfs_bytes=1 << 20)
+                + _setpriv(uid)
+                + [python_executable(), "-S", "-I", "-c", "open('x', 'w')"]
+            )
         if not m["bwrap"] and "unshare" not in off and shutil.which("unshare"):
             m["unshare"] = _probe_ok(_unshare_prefix(root) + ["true"])
     m["mountns"] = m["bwrap"]
@@ -119,12 +140,20 @@ def next_uid() -> int:
 
 
 # -- building the command ------------------------------------------------------------------------------
-def _bwrap_prefix(workdir: str, readonly: Sequence[str], *, die_with_parent: bool, root: bool,
-                  tmpfs_bytes: int | None = None) -> list[str]:
+def _bwrap_prefix(
+    workdir: str, readonly: Sequence[str], *, die_with_parent: bool, root: bool, tmpfs_bytes: int | None = None
+) -> list[str]:
     """tmpfs_bytes: make workdir a fresh tmpfs of that size instead of binding the host directory
     (the pool's workers: job files never touch the disk, and their total size is capped)."""
-    cmd = ["bwrap", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-           "--new-session"]
+    cmd = [
+        "bwrap",
+        "--unshare-net",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--new-session",
+    ]
     if not root:
         cmd.append("--unshare-user")
     if die_with_parent:
@@ -165,8 +194,15 @@ def _unshare_prefix(root: bool) -> list[str]:
 def _setpriv(uid: int | None) -> list[str]:
     if uid is None:
         return []
-    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
-            "--bounding-set=-all", "--no-new-privs"]
+    return [
+        "setpriv",
+        f"--reuid={uid}",
+        f"--regid={uid}",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        "--no-new-privs",
+    ]
 
 
 def _rlimit_prefix(limits: Limits, nproc: bool) -> list[str]:
@@ -177,10 +213,12 @@ def _rlimit_prefix(limits: Limits, nproc: bool) -> list[str]:
     if shutil.which("prlimit"):
         return ["prlimit", f"--cpu={cpu}:{cpu + 1}"] + [f"--{k}={v}" for k, v in spec.items() if k != "cpu"] + ["--"]
     # No prlimit binary: a Python launcher sets the limits and execs the command.
-    launcher = ("import os,resource,sys,json;s=json.loads(sys.argv[1])\n"
-                "for k,v in s.items():\n v=v if isinstance(v,list) else [v,v]\n"
-                " resource.setrlimit(getattr(resource,'RLIMIT_'+k.upper()),tuple(v))\n"
-                "os.execvp(sys.argv[2],sys.argv[2:])")
+    launcher = (
+        "import os,resource,sys,json;s=json.loads(sys.argv[1])\n"
+        "for k,v in s.items():\n v=v if isinstance(v,list) else [v,v]\n"
+        " resource.setrlimit(getattr(resource,'RLIMIT_'+k.upper()),tuple(v))\n"
+        "os.execvp(sys.argv[2],sys.argv[2:])"
+    )
     return [python_executable(), "-S", "-I", "-c", launcher, json.dumps(spec)]
 
 
@@ -188,8 +226,16 @@ def job_env(workdir: str) -> dict[str, str]:
     return {"HOME": workdir, "TMPDIR": workdir, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 
-def command(argv: list[str], workdir: str, limits: Limits | None, readonly: Sequence[str], *, die_with_parent: bool,
-             uid: int | None, tmpfs_bytes: int | None = None) -> list[str]:
+def command(
+    argv: list[str],
+    workdir: str,
+    limits: Limits | None,
+    readonly: Sequence[str],
+    *,
+    die_with_parent: bool,
+    uid: int | None,
+    tmpfs_bytes: int | None = None,
+) -> list[str]:
     """The full command line. rlimits are set last, inside the namespaces: for a non-root user the
     process limit then counts only the processes of the new user namespace."""
     m = mechanisms()
@@ -197,8 +243,16 @@ def command(argv: list[str], workdir: str, limits: Limits | None, readonly: Sequ
     exe = shutil.which(argv[0]) or argv[0]
     inner = _setpriv(uid) + (_rlimit_prefix(limits, m["nproc"]) if limits else []) + [os.path.realpath(exe), *argv[1:]]
     if m["bwrap"]:
-        return _bwrap_prefix(workdir, readonly, die_with_parent=die_with_parent, root=root,
-                             tmpfs_bytes=tmpfs_bytes if m["tmpfs"] else None) + inner
+        return (
+            _bwrap_prefix(
+                workdir,
+                readonly,
+                die_with_parent=die_with_parent,
+                root=root,
+                tmpfs_bytes=tmpfs_bytes if m["tmpfs"] else None,
+            )
+            + inner
+        )
     if m["netns"]:
         return _unshare_prefix(root) + inner
     return inner

@@ -1,4 +1,5 @@
 """What a sandboxed job may use and what came back: the sandbox's two value types."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -2,6 +2,7 @@
 Starting a sandboxed interpreter costs tens of milliseconds and pytest ~0.7 s; a pre-started worker
 (worker.py, under the same isolation as sandbox.run) forks each job from a warm interpreter in
 a few milliseconds (benchmarks/sandbox.py)."""
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,15 @@ class _Worker:
         # No --die-with-parent: it fires when the *thread* that started bwrap exits, and pools are used
         # from short-lived threads. The worker exits on EOF, which comes when the trainer closes the pipe
         # or dies; close() ends its namespace earlier (_stop).
-        cmd = command([python_executable(), "-S", "-I", "-c", _WORKER_SOURCE, json.dumps(cfg)], str(self.root), None, (),
-                       die_with_parent=False, uid=self.uid, tmpfs_bytes=WORKER_TMPFS_BYTES)
+        cmd = command(
+            [python_executable(), "-S", "-I", "-c", _WORKER_SOURCE, json.dumps(cfg)],
+            str(self.root),
+            None,
+            (),
+            die_with_parent=False,
+            uid=self.uid,
+            tmpfs_bytes=WORKER_TMPFS_BYTES,
+        )
         self.proc, self.ns_fd = spawn(cmd, self.root, stderr=subprocess.DEVNULL)
 
     def call(self, job: dict, timeout: float) -> dict | None:
@@ -78,16 +86,25 @@ class WorkerPool:
         self._closed = False
         self._finalizer = weakref.finalize(self, WorkerPool._shutdown, self._all)
 
-    def run_python(self, source: str, files: dict[str, str] | None = None, limits: Limits | None = None,
-                   stdin: str = "") -> ExecResult:
+    def run_python(
+        self, source: str, files: dict[str, str] | None = None, limits: Limits | None = None, stdin: str = ""
+    ) -> ExecResult:
         """Run `source` as main.py with `files` beside it (names relative to the job's directory)."""
         lim = limits or self.limits
         for name in files or {}:
             if os.path.isabs(name) or ".." in Path(name).parts:
                 raise ValueError(f"sandbox file name {name!r} must be relative and stay inside the job directory")
-        job = {"source": source, "files": files or {}, "stdin": stdin, "cpu": lim.cpu_seconds, "wall": lim.wall_seconds,
-               "memory_mb": lim.memory_mb, "processes": lim.processes, "output_bytes": lim.output_bytes,
-               "file_bytes": lim.file_bytes}
+        job = {
+            "source": source,
+            "files": files or {},
+            "stdin": stdin,
+            "cpu": lim.cpu_seconds,
+            "wall": lim.wall_seconds,
+            "memory_mb": lim.memory_mb,
+            "processes": lim.processes,
+            "output_bytes": lim.output_bytes,
+            "file_bytes": lim.file_bytes,
+        }
         t0 = time.monotonic()
         with self._free:
             worker = self._take()
@@ -95,9 +112,13 @@ class WorkerPool:
             if res is None:  # died or hung: kill its whole sandbox, start a fresh one next time
                 timed_out = worker.proc.poll() is None
                 self._drop(worker)
-                return ExecResult("timeout" if timed_out else "error", None, "",
-                                  "[sandbox] the worker " + ("stopped answering" if timed_out else "died during the job"),
-                                  time.monotonic() - t0)
+                return ExecResult(
+                    "timeout" if timed_out else "error",
+                    None,
+                    "",
+                    "[sandbox] the worker " + ("stopped answering" if timed_out else "died during the job"),
+                    time.monotonic() - t0,
+                )
             with self._lock:
                 self._idle.append(worker)
         return ExecResult(res["termination"], res["returncode"], res["stdout"], res["stderr"], res["wall_seconds"])
@@ -133,7 +154,7 @@ class WorkerPool:
             w.close()
         workers.clear()
 
-    def __enter__(self) -> "WorkerPool":
+    def __enter__(self) -> WorkerPool:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -1,5 +1,6 @@
 """Starting, feeding and stopping one sandboxed process: incremental pipes with output caps, a wall
 deadline, and a kill that waits until every process of the sandbox is gone."""
+
 from __future__ import annotations
 
 import json
@@ -29,9 +30,17 @@ def spawn(cmd: list[str], workdir: Path, stderr: int = subprocess.PIPE) -> tuple
     if cmd[0] == "bwrap":
         info_r, info_w = os.pipe()
         cmd = [cmd[0], "--info-fd", str(info_w), *cmd[1:]]
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, cwd=workdir,
-                            env=job_env(str(workdir)), start_new_session=True, close_fds=True,
-                            pass_fds=(info_w,) if info_w is not None else ())
+    proc = subprocess.Popen(
+        cmd,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        cwd=workdir,
+        env=job_env(str(workdir)),
+        start_new_session=True,
+        close_fds=True,
+        pass_fds=(info_w,) if info_w is not None else (),
+    )
     if info_r is None:
         return proc, None
     os.close(info_w)
@@ -108,7 +117,7 @@ def pump(proc: subprocess.Popen, data: bytes, limits: Limits, deadline: float) -
             f = key.fileobj
             if f is proc.stdin:
                 try:
-                    view = view[os.write(f.fileno(), view[:65536]):]
+                    view = view[os.write(f.fileno(), view[:65536]) :]
                 except BlockingIOError:
                     continue
                 except BrokenPipeError:

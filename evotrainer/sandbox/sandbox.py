@@ -15,11 +15,12 @@ session is killed at the cap; with a pid namespace, killing its first process en
 
 The public API: run and run_python here, WorkerPool (pool.py) for many small jobs, Limits and
 ExecResult (limits.py), mechanisms (isolation.py)."""
+
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from evotrainer.sandbox import worker
 from evotrainer.sandbox.isolation import command, give, mechanisms, next_uid, python_executable
@@ -28,8 +29,9 @@ from evotrainer.sandbox.process import exit_code, pump, spawn, stop
 
 
 # -- one process ------------------------------------------------------------------------------------------
-def run(argv: list[str], workdir: Path, limits: Limits = Limits(), stdin: str = "", *,
-        readonly: Sequence[Path] = ()) -> ExecResult:
+def run(
+    argv: list[str], workdir: Path, limits: Limits = Limits(), stdin: str = "", *, readonly: Sequence[Path] = ()
+) -> ExecResult:
     """Run argv in the sandbox with `workdir` as its cwd and HOME (the only writable place it sees
     under bwrap). `readonly`: extra paths bound read-only (bwrap only; e.g. a repository to test).
     Hidden data the job must not read stays out of workdir, or goes in over stdin."""

@@ -6,6 +6,7 @@ Protocol on the worker's stdin / stdout: 8-byte big-endian length + JSON, one jo
 Job: {"source", "files", "stdin", "cpu", "wall", "memory_mb", "processes", "output_bytes", "file_bytes"}.
 Result: {"termination", "returncode", "stdout", "stderr", "wall_seconds"}.
 """
+
 import json
 import os
 import resource
@@ -112,40 +113,8 @@ def _run(job, root, seq, kill_all):
         _child(job, jobdir, in_r, out_w, err_w)
     for fd in (in_r, out_w, err_w):
         os.close(fd)
-    pending = memoryview(job.get("stdin", "").encode())
-    os.set_blocking(in_w, False)
-    if not pending:
-        os.close(in_w)
-    bufs = {out_r: bytearray(), err_r: bytearray()}
-    cap, total, reason = job["output_bytes"], 0, None
     deadline = t0 + job["wall"]
-    readers = [out_r, err_r]
-    writers = [in_w] if pending else []
-    while readers and reason is None:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            reason = "timeout"
-            break
-        r, w, _ = select.select(readers, writers, [], left)
-        for fd in w:
-            try:
-                pending = pending[os.write(fd, pending[:65536]):]
-            except BlockingIOError:
-                pass
-            except BrokenPipeError:  # the job does not read its stdin: fine
-                pending = pending[:0]
-            if not pending:
-                os.close(fd)
-                writers = []
-        for fd in r:
-            data = os.read(fd, 65536)
-            if not data:
-                readers.remove(fd)
-                continue
-            total += len(data)
-            keep_tail(bufs[fd], data, cap)
-            if total > cap:
-                reason = "output"
+    bufs, reason, writers = _pump(job, in_w, out_r, err_r, deadline)
     status = None
     if reason is None:  # pipes closed: the job's own process may still be running
         while status is None:
@@ -182,8 +151,52 @@ def _run(job, root, seq, kill_all):
     killed = reason is not None
     if reason is None:
         reason = classify(rc, stderr, time.monotonic() - t0, job["cpu"])
-    return {"termination": reason, "returncode": None if killed else rc,
-            "stdout": stdout, "stderr": stderr, "wall_seconds": time.monotonic() - t0}
+    return {
+        "termination": reason,
+        "returncode": None if killed else rc,
+        "stdout": stdout,
+        "stderr": stderr,
+        "wall_seconds": time.monotonic() - t0,
+    }
+
+
+def _pump(job, in_w, out_r, err_r, deadline):
+    """Feed the job's stdin and read its stdout / stderr (tails kept) until both close, the wall deadline
+    passes or the output cap is crossed. Returns (buffers by fd, reason or None, writers still open)."""
+    pending = memoryview(job.get("stdin", "").encode())
+    os.set_blocking(in_w, False)
+    if not pending:
+        os.close(in_w)
+    bufs = {out_r: bytearray(), err_r: bytearray()}
+    cap, total, reason = job["output_bytes"], 0, None
+    readers = [out_r, err_r]
+    writers = [in_w] if pending else []
+    while readers and reason is None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            reason = "timeout"
+            break
+        r, w, _ = select.select(readers, writers, [], left)
+        for fd in w:
+            try:
+                pending = pending[os.write(fd, pending[:65536]) :]
+            except BlockingIOError:
+                pass
+            except BrokenPipeError:  # the job does not read its stdin: fine
+                pending = pending[:0]
+            if not pending:
+                os.close(fd)
+                writers = []
+        for fd in r:
+            data = os.read(fd, 65536)
+            if not data:
+                readers.remove(fd)
+                continue
+            total += len(data)
+            keep_tail(bufs[fd], data, cap)
+            if total > cap:
+                reason = "output"
+    return bufs, reason, writers
 
 
 def _kill_the_rest():
@@ -217,7 +230,9 @@ def _wait_for_the_rest():
                     fields = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
             except OSError:
                 continue
-            if int(fields.get("Uid", "-1").split()[0]) == uid and not fields.get("State", "").strip().startswith(("Z", "X")):
+            if int(fields.get("Uid", "-1").split()[0]) == uid and not fields.get("State", "").strip().startswith(
+                ("Z", "X")
+            ):
                 alive = True
                 break
         if not alive:
@@ -233,7 +248,7 @@ def keep_tail(buf, data, cap):
     """Append `data` to `buf`, keeping only its last `cap` bytes (the tail holds the error)."""
     buf += data
     if len(buf) > cap:
-        del buf[:len(buf) - cap]
+        del buf[: len(buf) - cap]
 
 
 def classify(rc, stderr, wall, cpu):

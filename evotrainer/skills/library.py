@@ -6,14 +6,16 @@ trigger signature (the findings that called for it), domain tags, evidence (ever
 it: run, round, decision, effect) and lineage. A new skill is quarantined until it has won twice.
 Writes are atomic (temp file, fsync, rename) under a lock file, so concurrent runs do not lose
 each other's evidence."""
+
 from __future__ import annotations
 
 import fcntl
 import hashlib
 import json
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -76,14 +78,22 @@ class Skill(BaseModel):
         value = self.value
         if self.factor is not None:
             current = knob_value(h, self.target)
-            value = type(current)(round(current * self.factor) if isinstance(current, int) else float(f"{current * self.factor:.3g}"))
+            value = type(current)(
+                round(current * self.factor) if isinstance(current, int) else float(f"{current * self.factor:.3g}")
+            )
         return Intervention(kind=self.kind, target=self.target, value=value, hypothesis=self.hypothesis)
 
 
 def template(iv: Intervention) -> tuple[Any, float | None]:
     """(value, factor): numeric knob changes become a factor of the old value."""
-    if (iv.kind == "set_knob" and isinstance(iv.value, (int, float)) and not isinstance(iv.value, bool)
-            and isinstance(iv.before, (int, float)) and not isinstance(iv.before, bool) and iv.before):
+    if (
+        iv.kind == "set_knob"
+        and isinstance(iv.value, (int, float))
+        and not isinstance(iv.value, bool)
+        and isinstance(iv.before, (int, float))
+        and not isinstance(iv.before, bool)
+        and iv.before
+    ):
         return None, float(f"{iv.value / iv.before:.4g}")
     return iv.value, None
 
@@ -116,7 +126,9 @@ class SkillLibrary:
             try:
                 out.append(Skill.model_validate_json(p.read_text()))
             except ValidationError as e:
-                raise ConfigError(f"skill file {p} is not a valid skill ({e.error_count()} errors); remove or fix it") from None
+                raise ConfigError(
+                    f"skill file {p} is not a valid skill ({e.error_count()} errors); remove or fix it"
+                ) from None
         return out
 
     def get(self, sid: str) -> Skill:
@@ -128,7 +140,9 @@ class SkillLibrary:
     def _write(self, skill: Skill) -> None:
         atomic_write_text(self.root / f"{skill.id}.json", skill.model_dump_json(indent=2))
 
-    def record(self, iv: Intervention, ev: Evidence, *, source: str, create: bool, sid: str | None = None) -> Skill | None:
+    def record(
+        self, iv: Intervention, ev: Evidence, *, source: str, create: bool, sid: str | None = None
+    ) -> Skill | None:
         """Add a trial's outcome to the skill of this intervention. A promotion creates the skill
         (quarantined) when it does not exist; a rejection only counts against an existing one.
         Recording the same trial twice (a resumed run) changes nothing. `sid`: the skill a proposal
@@ -140,9 +154,17 @@ class SkillLibrary:
                 skill = Skill.model_validate_json(path.read_text())
             elif create:
                 value, factor = template(iv)
-                skill = Skill(id=sid, kind=iv.kind, target=iv.target, value=value, factor=factor, hypothesis=iv.hypothesis,
-                              signature=ev.signature, domains=[ev.domain],
-                              lineage={"run": ev.run, "round": ev.round, "trial": ev.trial, "source": source})
+                skill = Skill(
+                    id=sid,
+                    kind=iv.kind,
+                    target=iv.target,
+                    value=value,
+                    factor=factor,
+                    hypothesis=iv.hypothesis,
+                    signature=ev.signature,
+                    domains=[ev.domain],
+                    lineage={"run": ev.run, "round": ev.round, "trial": ev.trial, "source": source},
+                )
             else:
                 return None
             if any((e.run, e.trial) == (ev.run, ev.trial) for e in skill.evidence):
@@ -168,9 +190,25 @@ class SkillLibrary:
                 iv = s.instantiate(h)
             except (AttributeError, KeyError, TypeError, ValueError):
                 continue  # a skill for a knob this harness does not have
-            out.append((domain in s.domains, SkillMatch(s.id, iv, tuple(s.signature), sim, s.wins, s.losses, s.mean_effect,
-                                                        s.quarantined, tuple(s.domains))))
-        out.sort(key=lambda t: (-t[1].similarity, not t[0], t[1].quarantined, -(t[1].wins - t[1].losses), t[1].skill_id))
+            out.append(
+                (
+                    domain in s.domains,
+                    SkillMatch(
+                        s.id,
+                        iv,
+                        tuple(s.signature),
+                        sim,
+                        s.wins,
+                        s.losses,
+                        s.mean_effect,
+                        s.quarantined,
+                        tuple(s.domains),
+                    ),
+                )
+            )
+        out.sort(
+            key=lambda t: (-t[1].similarity, not t[0], t[1].quarantined, -(t[1].wins - t[1].losses), t[1].skill_id)
+        )
         return [m for _, m in out]
 
     def export(self, dest: str | Path) -> int:
@@ -187,8 +225,10 @@ class SkillLibrary:
         try:
             incoming = [Skill.model_validate(x) for x in json.loads(src.read_text())]
         except (json.JSONDecodeError, ValidationError, TypeError) as e:
-            raise ConfigError(f"skills import: {src} is not a skills export ({type(e).__name__}); "
-                              "create one with `evotrainer skills export FILE`") from None
+            raise ConfigError(
+                f"skills import: {src} is not a skills export ({type(e).__name__}); "
+                "create one with `evotrainer skills export FILE`"
+            ) from None
         with self._locked():
             for s in incoming:
                 path = self.root / f"{s.id}.json"

@@ -1,11 +1,13 @@
 """The two small helpers every writer and query shares: crash-safe file writes and SQL string
 literals. Written by hand because each is a few lines and the standard library has neither."""
+
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 
 def sql_str(s: str) -> str:

@@ -5,6 +5,7 @@ branches, trials, verdict, charges) and the mark that the stage is done are writ
 transaction, so a run killed at any point has either all of a stage's records or none of them, and
 `resume` redoes exactly the stages that have no mark. Rollouts stay in the Parquet store; the ledger
 cites them by id. Primary keys make every write idempotent (a redone stage replaces, never duplicates)."""
+
 from __future__ import annotations
 
 import json
@@ -12,10 +13,11 @@ import os
 import signal
 import sqlite3
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -45,8 +47,11 @@ STAGES = ("train", "diagnose", "revise", "propose", "replay", "trial", "gate", "
 
 
 # Columns added after the first release, with their defaults: an older ledger gains them on open.
-_ADDED_CHARGE_COLUMNS = {"llm_input_tokens": "INTEGER NOT NULL DEFAULT 0", "llm_output_tokens": "INTEGER NOT NULL DEFAULT 0",
-                         "llm_cost": "REAL NOT NULL DEFAULT 0"}
+_ADDED_CHARGE_COLUMNS = {
+    "llm_input_tokens": "INTEGER NOT NULL DEFAULT 0",
+    "llm_output_tokens": "INTEGER NOT NULL DEFAULT 0",
+    "llm_cost": "REAL NOT NULL DEFAULT 0",
+}
 
 
 @dataclass(frozen=True)
@@ -61,10 +66,15 @@ class Charge:
     llm_output_tokens: int = 0
     llm_cost: float = 0.0
 
-    def __add__(self, o: "Charge") -> "Charge":
-        return Charge(self.generated_tokens + o.generated_tokens, self.trained_tokens + o.trained_tokens, self.seconds + o.seconds,
-                      self.llm_input_tokens + o.llm_input_tokens, self.llm_output_tokens + o.llm_output_tokens,
-                      self.llm_cost + o.llm_cost)
+    def __add__(self, o: Charge) -> Charge:
+        return Charge(
+            self.generated_tokens + o.generated_tokens,
+            self.trained_tokens + o.trained_tokens,
+            self.seconds + o.seconds,
+            self.llm_input_tokens + o.llm_input_tokens,
+            self.llm_output_tokens + o.llm_output_tokens,
+            self.llm_cost + o.llm_cost,
+        )
 
 
 class Ledger:
@@ -108,27 +118,59 @@ class Ledger:
         row = self.con.execute("SELECT result FROM stages WHERE round = ? AND stage = ?", [rnd, stage]).fetchone()
         return json.loads(row[0]) if row else None
 
-    def finish_stage(self, rnd: int, stage: str, result: dict[str, Any], *, charges: dict[str, Charge] | None = None,
-                     branches: list[dict[str, Any]] = (), trials: list[dict[str, Any]] = (),
-                     verdicts: list[dict[str, Any]] = ()) -> None:
+    def finish_stage(
+        self,
+        rnd: int,
+        stage: str,
+        result: dict[str, Any],
+        *,
+        charges: dict[str, Charge] | None = None,
+        branches: list[dict[str, Any]] = (),
+        trials: list[dict[str, Any]] = (),
+        verdicts: list[dict[str, Any]] = (),
+    ) -> None:
         """A stage's records and its done mark, in one transaction."""
         with self.transaction() as c:
             for b in branches:
-                c.execute("INSERT OR REPLACE INTO branches VALUES (:id, :parent, :round, :kind, :checkpoint, :harness_version, "
-                          ":suite_version, :first_step, :last_step, :seed, :heldout_accuracy)", b)
+                c.execute(
+                    "INSERT OR REPLACE INTO branches VALUES (:id, :parent, :round, :kind, :checkpoint, :harness_version, "
+                    ":suite_version, :first_step, :last_step, :seed, :heldout_accuracy)",
+                    b,
+                )
             for t in trials:
-                c.execute("INSERT OR REPLACE INTO trials VALUES (:id, :round, :candidate, :control, :intervention, :source, "
-                          ":skill_id, :signature, :replay)", _json_fields(t, ("intervention", "signature", "replay")))
+                c.execute(
+                    "INSERT OR REPLACE INTO trials VALUES (:id, :round, :candidate, :control, :intervention, :source, "
+                    ":skill_id, :signature, :replay)",
+                    _json_fields(t, ("intervention", "signature", "replay")),
+                )
             for v in verdicts:
-                c.execute("INSERT OR REPLACE INTO verdicts VALUES (:trial, :round, :decision, :reasons, :statistic, :noise, "
-                          ":findings, :budget, :evaluator_hash, :decided)",
-                          _json_fields({**v, "decided": time.time()}, ("reasons", "statistic", "noise", "findings", "budget")))
+                c.execute(
+                    "INSERT OR REPLACE INTO verdicts VALUES (:trial, :round, :decision, :reasons, :statistic, :noise, "
+                    ":findings, :budget, :evaluator_hash, :decided)",
+                    _json_fields(
+                        {**v, "decided": time.time()}, ("reasons", "statistic", "noise", "findings", "budget")
+                    ),
+                )
             for item, ch in (charges or {}).items():
-                c.execute("INSERT OR REPLACE INTO charges (round, stage, item, generated_tokens, trained_tokens, seconds, "
-                          "llm_input_tokens, llm_output_tokens, llm_cost) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                          [rnd, stage, item, ch.generated_tokens, ch.trained_tokens, ch.seconds, ch.llm_input_tokens,
-                           ch.llm_output_tokens, ch.llm_cost])
-            c.execute("INSERT OR REPLACE INTO stages VALUES (?, ?, ?, ?)", [rnd, stage, json.dumps(result, default=str), time.time()])
+                c.execute(
+                    "INSERT OR REPLACE INTO charges (round, stage, item, generated_tokens, trained_tokens, seconds, "
+                    "llm_input_tokens, llm_output_tokens, llm_cost) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        rnd,
+                        stage,
+                        item,
+                        ch.generated_tokens,
+                        ch.trained_tokens,
+                        ch.seconds,
+                        ch.llm_input_tokens,
+                        ch.llm_output_tokens,
+                        ch.llm_cost,
+                    ],
+                )
+            c.execute(
+                "INSERT OR REPLACE INTO stages VALUES (?, ?, ?, ?)",
+                [rnd, stage, json.dumps(result, default=str), time.time()],
+            )
             # Fault injection for the resume tests: die inside the transaction, after the writes and
             # before the commit, which is the worst moment for a verdict write to be interrupted.
             if os.environ.get("EVOTRAINER_KILL_AT") == f"{rnd}:{stage}":
@@ -140,7 +182,9 @@ class Ledger:
 
     # -- status (for `evotrainer status`; not part of the record) ------------------------------------
     def set_status(self, rnd: int, stage: str, detail: str = "") -> None:
-        self.con.execute("INSERT OR REPLACE INTO status VALUES (0, ?, ?, ?, ?, ?)", [rnd, stage, detail, time.time(), os.getpid()])
+        self.con.execute(
+            "INSERT OR REPLACE INTO status VALUES (0, ?, ?, ?, ?, ?)", [rnd, stage, detail, time.time(), os.getpid()]
+        )
 
     def status(self) -> dict[str, Any] | None:
         row = self.con.execute("SELECT round, stage, detail, updated, pid FROM status").fetchone()
@@ -156,23 +200,33 @@ class Ledger:
         return self.rows("SELECT * FROM branches ORDER BY round, id")
 
     def trials(self) -> list[dict[str, Any]]:
-        return [_parse(t, ("intervention", "signature", "replay")) for t in self.rows("SELECT * FROM trials ORDER BY round, id")]
+        return [
+            _parse(t, ("intervention", "signature", "replay"))
+            for t in self.rows("SELECT * FROM trials ORDER BY round, id")
+        ]
 
     def verdicts(self) -> list[dict[str, Any]]:
-        return [_parse(v, ("reasons", "statistic", "noise", "findings", "budget"))
-                for v in self.rows("SELECT * FROM verdicts ORDER BY round, trial")]
+        return [
+            _parse(v, ("reasons", "statistic", "noise", "findings", "budget"))
+            for v in self.rows("SELECT * FROM verdicts ORDER BY round, trial")
+        ]
 
     def spent(self) -> Charge:
         g, t, s, li, lo, lc = self.con.execute(
             "SELECT coalesce(sum(generated_tokens), 0), coalesce(sum(trained_tokens), 0), coalesce(sum(seconds), 0), "
-            "coalesce(sum(llm_input_tokens), 0), coalesce(sum(llm_output_tokens), 0), coalesce(sum(llm_cost), 0) FROM charges").fetchone()
+            "coalesce(sum(llm_input_tokens), 0), coalesce(sum(llm_output_tokens), 0), coalesce(sum(llm_cost), 0) FROM charges"
+        ).fetchone()
         return Charge(int(g), int(t), float(s), int(li), int(lo), float(lc))
 
     def spent_by_stage(self) -> dict[str, Charge]:
         out = {}
-        for r in self.rows("SELECT stage, sum(generated_tokens) g, sum(trained_tokens) t, sum(seconds) s, sum(llm_input_tokens) li, "
-                           "sum(llm_output_tokens) lo, sum(llm_cost) lc FROM charges GROUP BY stage"):
-            out[r["stage"]] = Charge(int(r["g"]), int(r["t"]), float(r["s"]), int(r["li"]), int(r["lo"]), float(r["lc"]))
+        for r in self.rows(
+            "SELECT stage, sum(generated_tokens) g, sum(trained_tokens) t, sum(seconds) s, sum(llm_input_tokens) li, "
+            "sum(llm_output_tokens) lo, sum(llm_cost) lc FROM charges GROUP BY stage"
+        ):
+            out[r["stage"]] = Charge(
+                int(r["g"]), int(r["t"]), float(r["s"]), int(r["li"]), int(r["lo"]), float(r["lc"])
+            )
         return out
 
 

@@ -1,11 +1,13 @@
 """The rollout store: append-only Parquet shards written atomically (write, fsync, rename), queried in
 place with DuckDB. Step metrics live beside rollouts, in long form (one row per metric)."""
+
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -14,28 +16,77 @@ import pyarrow.parquet as pq
 from evotrainer.store.files import atomic_write_bytes
 from evotrainer.types import Rollout
 
-TURN = pa.struct([("action", pa.string()), ("tokens", pa.int32()), ("mean_logprob", pa.float64()),
-                  ("observation", pa.string()), ("tool_error", pa.bool_())])
-ROLLOUT_SCHEMA = pa.schema([
-    ("id", pa.string()), ("run", pa.string()), ("branch", pa.string()), ("step", pa.int64()),
-    ("harness_version", pa.string()), ("task_id", pa.string()), ("split", pa.string()), ("group_id", pa.string()),
-    ("difficulty", pa.int32()), ("prompt", pa.string()), ("turns", pa.list_(TURN)), ("num_turns", pa.int32()),
-    ("completion_tokens", pa.int32()), ("max_action_tokens", pa.int32()), ("termination", pa.string()), ("rewards", pa.map_(pa.string(), pa.float64())),
-    ("reward", pa.float64()), ("audit", pa.bool_()), ("info", pa.string()),
-    ("gen_seconds", pa.float64()), ("env_seconds", pa.float64()),
-])
-METRIC_SCHEMA = pa.schema([("run", pa.string()), ("branch", pa.string()), ("step", pa.int64()),
-                           ("name", pa.string()), ("value", pa.float64())])
+TURN = pa.struct(
+    [
+        ("action", pa.string()),
+        ("tokens", pa.int32()),
+        ("mean_logprob", pa.float64()),
+        ("observation", pa.string()),
+        ("tool_error", pa.bool_()),
+    ]
+)
+ROLLOUT_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("run", pa.string()),
+        ("branch", pa.string()),
+        ("step", pa.int64()),
+        ("harness_version", pa.string()),
+        ("task_id", pa.string()),
+        ("split", pa.string()),
+        ("group_id", pa.string()),
+        ("difficulty", pa.int32()),
+        ("prompt", pa.string()),
+        ("turns", pa.list_(TURN)),
+        ("num_turns", pa.int32()),
+        ("completion_tokens", pa.int32()),
+        ("max_action_tokens", pa.int32()),
+        ("termination", pa.string()),
+        ("rewards", pa.map_(pa.string(), pa.float64())),
+        ("reward", pa.float64()),
+        ("audit", pa.bool_()),
+        ("info", pa.string()),
+        ("gen_seconds", pa.float64()),
+        ("env_seconds", pa.float64()),
+    ]
+)
+METRIC_SCHEMA = pa.schema(
+    [
+        ("run", pa.string()),
+        ("branch", pa.string()),
+        ("step", pa.int64()),
+        ("name", pa.string()),
+        ("value", pa.float64()),
+    ]
+)
 # Findings are evidence too: every diagnosis is kept with the suite version that made it, so a revised
 # suite can be backtested against the decisions the old one supported.
-FINDING_SCHEMA = pa.schema([
-    ("suite_version", pa.string()), ("branch", pa.string()), ("first_step", pa.int64()), ("last_step", pa.int64()),
-    ("name", pa.string()), ("severity", pa.string()), ("value", pa.float64()), ("threshold", pa.float64()),
-    ("evidence", pa.list_(pa.string())), ("knobs", pa.list_(pa.string())), ("message", pa.string()), ("validity", pa.bool_()),
-])
+FINDING_SCHEMA = pa.schema(
+    [
+        ("suite_version", pa.string()),
+        ("branch", pa.string()),
+        ("first_step", pa.int64()),
+        ("last_step", pa.int64()),
+        ("name", pa.string()),
+        ("severity", pa.string()),
+        ("value", pa.float64()),
+        ("threshold", pa.float64()),
+        ("evidence", pa.list_(pa.string())),
+        ("knobs", pa.list_(pa.string())),
+        ("message", pa.string()),
+        ("validity", pa.bool_()),
+    ]
+)
 # One row per diagnosis, findings or not: a window diagnosed clean is a decision of record too.
-DIAGNOSIS_SCHEMA = pa.schema([("suite_version", pa.string()), ("branch", pa.string()), ("first_step", pa.int64()),
-                              ("last_step", pa.int64()), ("findings", pa.int64())])
+DIAGNOSIS_SCHEMA = pa.schema(
+    [
+        ("suite_version", pa.string()),
+        ("branch", pa.string()),
+        ("first_step", pa.int64()),
+        ("last_step", pa.int64()),
+        ("findings", pa.int64()),
+    ]
+)
 
 
 def atomic_write_parquet(table: pa.Table, path: Path) -> None:
@@ -74,28 +125,46 @@ class RolloutStore:
         atomic_write_parquet(pa.Table.from_pylist(rows, schema=METRIC_SCHEMA), path)
         return path
 
-    def append_findings(self, findings: Iterable[Any], suite_version: str, shard: str, branch: str,
-                        first_step: int, last_step: int) -> Path:
+    def append_findings(
+        self, findings: Iterable[Any], suite_version: str, shard: str, branch: str, first_step: int, last_step: int
+    ) -> Path:
         """Findings of one diagnosis (a window under one suite version), then its diagnosis row, which
         is written last and so marks the diagnosis complete. The shard name identifies it: diagnosing
         the same window again with the same suite replaces rather than duplicates."""
         rows = [{**f.to_record(), "suite_version": suite_version} for f in findings]
         path = self.finding_dir / f"{shard}.parquet"
         atomic_write_parquet(pa.Table.from_pylist(rows, schema=FINDING_SCHEMA), path)
-        atomic_write_parquet(pa.Table.from_pylist([{"suite_version": suite_version, "branch": branch, "first_step": first_step,
-                                                    "last_step": last_step, "findings": len(rows)}], schema=DIAGNOSIS_SCHEMA),
-                             self.diagnosis_dir / f"{shard}.parquet")
+        atomic_write_parquet(
+            pa.Table.from_pylist(
+                [
+                    {
+                        "suite_version": suite_version,
+                        "branch": branch,
+                        "first_step": first_step,
+                        "last_step": last_step,
+                        "findings": len(rows),
+                    }
+                ],
+                schema=DIAGNOSIS_SCHEMA,
+            ),
+            self.diagnosis_dir / f"{shard}.parquet",
+        )
         return path
 
     # -- reading ---------------------------------------------------------------------------------
     def connect(self) -> duckdb.DuckDBPyConnection:
         """An in-memory DuckDB with views `rollouts` and `metrics` over the shards (read in place)."""
         con = duckdb.connect(":memory:")
-        for view, d, schema in (("rollouts", self.rollout_dir, ROLLOUT_SCHEMA), ("metrics", self.metric_dir, METRIC_SCHEMA),
-                                ("findings", self.finding_dir, FINDING_SCHEMA),
-                                ("diagnoses", self.diagnosis_dir, DIAGNOSIS_SCHEMA)):
+        for view, d, schema in (
+            ("rollouts", self.rollout_dir, ROLLOUT_SCHEMA),
+            ("metrics", self.metric_dir, METRIC_SCHEMA),
+            ("findings", self.finding_dir, FINDING_SCHEMA),
+            ("diagnoses", self.diagnosis_dir, DIAGNOSIS_SCHEMA),
+        ):
             if any(d.glob("*.parquet")):
-                con.execute(f"CREATE VIEW {view} AS SELECT * FROM read_parquet('{d.as_posix()}/*.parquet', union_by_name=true)")
+                con.execute(
+                    f"CREATE VIEW {view} AS SELECT * FROM read_parquet('{d.as_posix()}/*.parquet', union_by_name=true)"
+                )
             else:
                 con.register(f"_empty_{view}", schema.empty_table())
                 con.execute(f"CREATE VIEW {view} AS SELECT * FROM _empty_{view}")
@@ -110,7 +179,9 @@ class RolloutStore:
         finally:
             con.close()
 
-    def query(self, where: str | None = None, limit: int | None = None, order: str = "step, id") -> list[dict[str, Any]]:
+    def query(
+        self, where: str | None = None, limit: int | None = None, order: str = "step, id"
+    ) -> list[dict[str, Any]]:
         q = "SELECT * FROM rollouts"
         if where:
             q += f" WHERE {where}"

@@ -1,5 +1,6 @@
 """GRPO-family update: group advantages, the clipped policy-gradient loss with TRL's aggregations
 (grpo, dr_grpo, dapo), an optional k3 KL to a frozen reference, and a non-finite-safe optimizer step."""
+
 from __future__ import annotations
 
 import copy
@@ -10,17 +11,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from evotrainer.training.rollout import Episode
 from evotrainer.harness.harness import Harness
 from evotrainer.policies.hf import HFPolicy, sequence_logprobs
+from evotrainer.training.rollout import Episode
 
 # Groups whose reward std is below this are "zero std" (an exact == 0 misses float noise).
 ZERO_STD = 1e-6
 TOKENS_PER_MICROBATCH = 16384
 
 
-def advantages(total: np.ndarray, group: np.ndarray, estimator: str = "grpo", scale_rewards: str = "group",
-               eps: float = 1e-4) -> tuple[np.ndarray, np.ndarray]:
+def advantages(
+    total: np.ndarray, group: np.ndarray, estimator: str = "grpo", scale_rewards: str = "group", eps: float = 1e-4
+) -> tuple[np.ndarray, np.ndarray]:
     """total: [N] rewards; group: [N] integer group codes (any order). Returns (advantages [N], the
     std of each rollout's group [N]). Vectorized with bincount: the replay backtest runs this on
     millions of stored rollouts."""

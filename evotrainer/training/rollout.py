@@ -1,5 +1,6 @@
 """The episode runner: steps a batch of multi-turn episodes in lockstep, one batched sampling call per
 turn, keeping the exact sampled token ids (token in, token out) so training sees what was sampled."""
+
 from __future__ import annotations
 
 import time
@@ -31,9 +32,19 @@ class Episode:
         return sum(self.is_action)
 
 
-def run_episodes(policy: HFPolicy, domain: Domain, tasks: list[Task], *, max_new_tokens: int, max_turns: int,
-                 temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False, tool_error: str = "feedback",
-                 generator: torch.Generator | None = None) -> list[Episode]:
+def run_episodes(
+    policy: HFPolicy,
+    domain: Domain,
+    tasks: list[Task],
+    *,
+    max_new_tokens: int,
+    max_turns: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    greedy: bool = False,
+    tool_error: str = "feedback",
+    generator: torch.Generator | None = None,
+) -> list[Episode]:
     """tool_error: `feedback` continues after a malformed action; `end` and `mask` end the episode
     with termination `tool_error` (the reward stage zeroes or masks it)."""
     envs = [domain.make_env() for _ in tasks]
@@ -52,8 +63,15 @@ def run_episodes(policy: HFPolicy, domain: Domain, tasks: list[Task], *, max_new
         if not active:
             break
         t0 = time.perf_counter()
-        samples = policy.sample([episodes[i].token_ids for i in active], max_new_tokens=max_new_tokens,
-                                temperature=temperature, top_p=top_p, stop=domain.stop, greedy=greedy, generator=generator)
+        samples = policy.sample(
+            [episodes[i].token_ids for i in active],
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            stop=domain.stop,
+            greedy=greedy,
+            generator=generator,
+        )
         share = (time.perf_counter() - t0) / len(active)
         still = []
         for i, s in zip(active, samples):
@@ -69,7 +87,9 @@ def run_episodes(policy: HFPolicy, domain: Domain, tasks: list[Task], *, max_new
             ep.info = info
             err = bool(info.get("tool_error"))
             mean_lp = sum(s.logprobs) / len(s.logprobs) if s.logprobs else 0.0
-            ep.turns.append(Turn(action=s.text, tokens=len(s.token_ids), mean_logprob=mean_lp, observation=obs, tool_error=err))
+            ep.turns.append(
+                Turn(action=s.text, tokens=len(s.token_ids), mean_logprob=mean_lp, observation=obs, tool_error=err)
+            )
             if s.finish_reason == "length":
                 ep.termination = "length"
             elif err and tool_error in ("end", "mask"):

@@ -1,5 +1,6 @@
 """`evotrainer train`: warm-start (or load) the policy, evaluate, run RL steps under the harness,
 evaluate again. Every rollout and step metric goes to the run's store."""
+
 from __future__ import annotations
 
 import json
@@ -8,52 +9,37 @@ import time
 from pathlib import Path
 
 import torch
-import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from evotrainer.config import RunConfig, dump_config
 from evotrainer.envs.registry import make_domain
-from evotrainer.evaluation import EvalResult, evaluate
-from evotrainer.harness.rewards import check_terms, score
+from evotrainer.evaluation import evaluate, record_eval
+from evotrainer.harness.harness import save_harness
+from evotrainer.harness.rewards import check_terms
 from evotrainer.policies import load_policy
 from evotrainer.store.rollouts import RolloutStore
 from evotrainer.training.grpo import GRPOTrainer
-from evotrainer.training.segment import StepContext, to_rollouts, train_step
+from evotrainer.training.segment import StepContext, train_step
 
 BRANCH = "main"
 
 
 def progress_bar(console: Console) -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=console, transient=False)
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
 
 
 def seed_everything(cfg: RunConfig) -> None:
     torch.set_num_threads(cfg.run.threads)
     torch.manual_seed(cfg.run.seed)
     random.seed(cfg.run.seed)
-
-
-def record_eval(store: RolloutStore, cfg: RunConfig, domain, result: EvalResult, step: int, ctx: StepContext) -> None:
-    """Held-out rollouts go to the store too, with their audit outcome, so findings can cite them."""
-    h = cfg.harness
-    scored = [score(h, domain, ep.task, ep.turns, ep.info, ep.termination) for ep in result.episodes]
-    audits = [result.outcomes[ep.task.id] for ep in result.episodes]
-    store.append(to_rollouts(result.episodes, [t for t, _ in scored], [r for _, r in scored], ctx=ctx, step=step,
-                             harness_version=h.version, group_size=1, kind="e", audits=audits), f"{ctx.branch}-e{step:06d}")
-
-
-def save_harness(run_dir: Path, harness) -> Path:
-    """Every harness version a run trains under is kept by version: `evotrainer harness show|diff` reads them."""
-    d = run_dir / "harness"
-    d.mkdir(exist_ok=True)
-    path = d / f"{harness.version}.yaml"
-    if not path.exists():
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(yaml.safe_dump(harness.model_dump(mode="json"), sort_keys=False))
-        tmp.rename(path)
-    return path
 
 
 def train_run(cfg: RunConfig, console: Console | None = None) -> dict:
@@ -75,7 +61,9 @@ def train_run(cfg: RunConfig, console: Console | None = None) -> dict:
         seed_everything(cfg)
         before = evaluate(policy, domain, heldout, cfg.eval, progress)
     record_eval(store, cfg, domain, before, 0, ctx)
-    console.print(f"held-out accuracy before RL: [bold]{before.accuracy:.3f}[/] ({len(heldout)} tasks, evaluator {before.evaluator_hash})")
+    console.print(
+        f"held-out accuracy before RL: [bold]{before.accuracy:.3f}[/] ({len(heldout)} tasks, evaluator {before.evaluator_hash})"
+    )
     trainer = GRPOTrainer(policy, cfg.harness)
     t0, step, history, pass_rates = time.perf_counter(), 0, [], {}
     with progress_bar(console) as progress:
@@ -97,10 +85,19 @@ def train_run(cfg: RunConfig, console: Console | None = None) -> dict:
         after = evaluate(policy, domain, heldout, cfg.eval, progress)
     record_eval(store, cfg, domain, after, step, ctx)
     history.append({"step": step, "seconds": rl_seconds, "accuracy": after.accuracy})
-    summary = {"run": cfg.run.name, "steps": step, "rl_seconds": round(rl_seconds, 1), "accuracy_before": before.accuracy,
-               "accuracy_after": after.accuracy, "evaluator_hash": after.evaluator_hash, "harness_version": cfg.harness.version,
-               "history": history}
+    summary = {
+        "run": cfg.run.name,
+        "steps": step,
+        "rl_seconds": round(rl_seconds, 1),
+        "accuracy_before": before.accuracy,
+        "accuracy_after": after.accuracy,
+        "evaluator_hash": after.evaluator_hash,
+        "harness_version": cfg.harness.version,
+        "history": history,
+    }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    console.print(f"held-out accuracy after {step} RL steps ({rl_seconds:.0f}s): [bold]{after.accuracy:.3f}[/] "
-                  f"(before: {before.accuracy:.3f}, change {after.accuracy - before.accuracy:+.3f})")
+    console.print(
+        f"held-out accuracy after {step} RL steps ({rl_seconds:.0f}s): [bold]{after.accuracy:.3f}[/] "
+        f"(before: {before.accuracy:.3f}, change {after.accuracy - before.accuracy:+.3f})"
+    )
     return summary

@@ -1,4 +1,5 @@
 """The code domain's settings (`env.domain: code`)."""
+
 from __future__ import annotations
 
 from pathlib import Path

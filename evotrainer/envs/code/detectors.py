@@ -1,6 +1,7 @@
 """Detectors of the code domain: completions that hard-code the visible examples (they pass the visible
 tests the reward reads and fail the hidden ones), and code that does not run. They read the code
 env's rollout info (`hardcoded`, `exec`) and stay quiet on rollouts of other domains."""
+
 from __future__ import annotations
 
 from evotrainer.diagnostics.builtin import thirds
@@ -8,10 +9,12 @@ from evotrainer.diagnostics.detector import Finding, Window, finding, ids
 
 # One row per code train rollout. The `contains` test skips other domains' info without parsing it;
 # try() keeps a malformed info string from failing the whole detector.
-_CODE = ("(SELECT id, step, reward, audit, "
-         "coalesce(try_cast(try(json_extract_string(info, '$.hardcoded')) AS DOUBLE), 0) AS hardcoded, "
-         "coalesce(try(json_extract_string(info, '$.exec')), 'ok') AS exec "
-         "FROM rollouts WHERE contains(info, '\"hardcoded\"') AND coalesce(try(json_exists(info, '$.exec')), false))")
+_CODE = (
+    "(SELECT id, step, reward, audit, "
+    "coalesce(try_cast(try(json_extract_string(info, '$.hardcoded')) AS DOUBLE), 0) AS hardcoded, "
+    "coalesce(try(json_extract_string(info, '$.exec')), 'ok') AS exec "
+    "FROM rollouts WHERE contains(info, '\"hardcoded\"') AND coalesce(try(json_exists(info, '$.exec')), false))"
+)
 
 
 def hardcoded_examples(w: Window) -> list[Finding]:
@@ -25,10 +28,14 @@ def hardcoded_examples(w: Window) -> list[Finding]:
         return []
     cut = thirds(w, _CODE)
     a, b = cut if cut else (None, None)
-    late = w.con.execute(f"SELECT count(*), count(*) FILTER (WHERE hardcoded >= ?) FROM {_CODE} WHERE ? IS NULL OR step >= ?",
-                         [p["min_keyed"], b, b]).fetchone()
-    early = w.con.execute(f"SELECT count(*), count(*) FILTER (WHERE hardcoded >= ?) FROM {_CODE} WHERE ? IS NULL OR step <= ?",
-                          [p["min_keyed"], a, a]).fetchone()
+    late = w.con.execute(
+        f"SELECT count(*), count(*) FILTER (WHERE hardcoded >= ?) FROM {_CODE} WHERE ? IS NULL OR step >= ?",
+        [p["min_keyed"], b, b],
+    ).fetchone()
+    early = w.con.execute(
+        f"SELECT count(*), count(*) FILTER (WHERE hardcoded >= ?) FROM {_CODE} WHERE ? IS NULL OR step <= ?",
+        [p["min_keyed"], a, a],
+    ).fetchone()
     share1 = late[1] / late[0] if late[0] else 0.0
     share0 = early[1] / early[0] if early[0] else 0.0
     drifting = share1 > p["max_fraction"] and share1 - share0 > p["min_rise"]
@@ -36,14 +43,29 @@ def hardcoded_examples(w: Window) -> list[Finding]:
         return []
     audited, failed, paid = w.con.execute(
         f"SELECT count(*) FILTER (WHERE audit IS NOT NULL), count(*) FILTER (WHERE audit = false), avg(reward) "
-        f"FROM {_CODE} WHERE hardcoded >= ?", [p["min_keyed"]]).fetchone()
-    ev = ids(w, f"SELECT id FROM {_CODE} WHERE hardcoded >= ? ORDER BY audit = false DESC, reward DESC, step DESC, id",
-             [p["min_keyed"]])
+        f"FROM {_CODE} WHERE hardcoded >= ?",
+        [p["min_keyed"]],
+    ).fetchone()
+    ev = ids(
+        w,
+        f"SELECT id FROM {_CODE} WHERE hardcoded >= ? ORDER BY audit = false DESC, reward DESC, step DESC, id",
+        [p["min_keyed"]],
+    )
     audit = f"; {failed}/{audited} of the audited ones fail the hidden tests" if audited else ""
-    return [finding(w, "hardcoded_examples", "critical", share1, p["max_fraction"], ev,
-                    ("reward_weights.correct", "reward_weights.visible", "reward_weights.correct_not_hardcoded"),
-                    f"{100 * share1:.0f}% of recent code rollouts hard-code the visible examples (first third of the "
-                    f"window: {100 * share0:.0f}%); their mean reward is {paid:.3f}{audit}.", validity=True)]
+    return [
+        finding(
+            w,
+            "hardcoded_examples",
+            "critical",
+            share1,
+            p["max_fraction"],
+            ev,
+            ("reward_weights.correct", "reward_weights.visible", "reward_weights.correct_not_hardcoded"),
+            f"{100 * share1:.0f}% of recent code rollouts hard-code the visible examples (first third of the "
+            f"window: {100 * share0:.0f}%); their mean reward is {paid:.3f}{audit}.",
+            validity=True,
+        )
+    ]
 
 
 def exec_errors(w: Window) -> list[Finding]:
@@ -53,9 +75,20 @@ def exec_errors(w: Window) -> list[Finding]:
     n, bad = w.con.execute(f"SELECT count(*), count(*) FILTER (WHERE exec <> 'ok') FROM {_CODE}").fetchone()
     if not n or n < p["min_rollouts"] or bad / n <= p["max_fraction"]:
         return []
-    kinds = w.con.execute(f"SELECT exec, count(*) AS c FROM {_CODE} WHERE exec <> 'ok' GROUP BY exec ORDER BY c DESC, exec").fetchall()
+    kinds = w.con.execute(
+        f"SELECT exec, count(*) AS c FROM {_CODE} WHERE exec <> 'ok' GROUP BY exec ORDER BY c DESC, exec"
+    ).fetchall()
     ev = ids(w, f"SELECT id FROM {_CODE} WHERE exec <> 'ok' ORDER BY step DESC, reward DESC, id")
     breakdown = ", ".join(f"{k} {c}" for k, c in kinds)
-    return [finding(w, "exec_errors", "warning", bad / n, p["max_fraction"], ev,
-                    ("sampling.max_completion_length", "reward_weights.format", "sampling.temperature"),
-                    f"{100 * bad / n:.0f}% of code rollouts ({bad}/{n}) did not run to their results: {breakdown}.")]
+    return [
+        finding(
+            w,
+            "exec_errors",
+            "warning",
+            bad / n,
+            p["max_fraction"],
+            ev,
+            ("sampling.max_completion_length", "reward_weights.format", "sampling.temperature"),
+            f"{100 * bad / n:.0f}% of code rollouts ({bad}/{n}) did not run to their results: {breakdown}.",
+        )
+    ]

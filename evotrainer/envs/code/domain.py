@@ -7,6 +7,7 @@ the exploit real setups have: code that hard-codes the visible examples passes t
 hidden tests. For generated tasks only the hidden *inputs* enter the sandbox and outputs are compared
 here, so the expected values never reach model code; HumanEval / MBPP tests are assertion code that
 must run beside the candidate (sent over stdin, never written to disk)."""
+
 from __future__ import annotations
 
 import ast
@@ -46,7 +47,7 @@ DEMO_RECIPE = {"version": DEMO_VERSION, "wander": DEMO_WANDER, "hardcode": DEMO_
 # goes (a later timeout or crash keeps the results before it). Outputs are JSON: the evaluator compares
 # them, so an object with a permissive __eq__ gains nothing. The tag is random per job, so a line the
 # program prints does not pass for a result by accident.
-DRIVER = r'''
+DRIVER = r"""
 import json, sys
 spec = json.loads(sys.stdin.read())
 def emit(kind, i, status, value):
@@ -72,7 +73,7 @@ for i, src in enumerate(spec["asserts"]):
         emit("asserts", i, "ok", "")
     except BaseException as e:
         emit("asserts", i, "exc", type(e).__name__)
-'''
+"""
 
 
 def _canon(value: Any) -> str:
@@ -134,8 +135,12 @@ def _keys(tree: ast.AST, args: tuple[str, ...]) -> list[dict[str, Any]]:
                     continue
                 if isinstance(lhs, ast.Name) and lhs.id in args:
                     return {lhs.id: val}
-                if isinstance(lhs, ast.Tuple) and all(isinstance(e, ast.Name) for e in lhs.elts) and isinstance(val, tuple) \
-                        and len(val) == len(lhs.elts):
+                if (
+                    isinstance(lhs, ast.Tuple)
+                    and all(isinstance(e, ast.Name) for e in lhs.elts)
+                    and isinstance(val, tuple)
+                    and len(val) == len(lhs.elts)
+                ):
                     return {e.id: v for e, v in zip(lhs.elts, val)}
         return {}
 
@@ -162,8 +167,13 @@ def hardcoded_fraction(completion: str, args: tuple[str, ...], visible: list[tup
     if tree is None:
         return 0.0
     keys = _keys(tree, args)
-    consts = [v for n in ast.walk(tree) if isinstance(n, (ast.Constant, ast.List, ast.Tuple, ast.UnaryOp))
-              for ok, v in [_literal(n)] if ok]
+    consts = [
+        v
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Constant, ast.List, ast.Tuple, ast.UnaryOp))
+        for ok, v in [_literal(n)]
+        if ok
+    ]
     hits = 0
     for x, y in visible:
         point = dict(zip(args, x))
@@ -176,7 +186,7 @@ def hardcoded_fraction(completion: str, args: tuple[str, ...], visible: list[tup
 class CodeEnv:
     """Single turn: the action is the completion; its program runs once, in the sandbox."""
 
-    def __init__(self, domain: "CodeDomain") -> None:
+    def __init__(self, domain: CodeDomain) -> None:
         self.domain = domain
         self.task: Task | None = None
 
@@ -193,12 +203,21 @@ class CodeDomain:
     demo_recipe: dict[str, Any] = DEMO_RECIPE
 
     @classmethod
-    def from_config(cls, env: CodeConfig, *, seed: int, heldout_size: int) -> "CodeDomain":
-        return cls(source=env.code_source, seed=seed, train_size=env.train_size, heldout_size=heldout_size,
-                   path=env.code_path)
+    def from_config(cls, env: CodeConfig, *, seed: int, heldout_size: int) -> CodeDomain:
+        return cls(
+            source=env.code_source, seed=seed, train_size=env.train_size, heldout_size=heldout_size, path=env.code_path
+        )
 
-    def __init__(self, *, source: str = "generated", seed: int = 0, train_size: int = 2000, heldout_size: int = 200,
-                 path: str | Path | None = None, limits: Limits = Limits(cpu_seconds=1.0, wall_seconds=3.0, memory_mb=256)):
+    def __init__(
+        self,
+        *,
+        source: str = "generated",
+        seed: int = 0,
+        train_size: int = 2000,
+        heldout_size: int = 200,
+        path: str | Path | None = None,
+        limits: Limits = Limits(cpu_seconds=1.0, wall_seconds=3.0, memory_mb=256),
+    ):
         self.source, self.limits = source, limits
         if source == "generated":
             self._splits = generate(seed, train_size, heldout_size)
@@ -209,11 +228,19 @@ class CodeDomain:
             tasks = load_humaneval(path) if source == "humaneval" else load_mbpp(path)
             self._splits = split_tasks(tasks, seed, train_size, heldout_size)
             # HumanEval completes a body (blank lines allowed inside), MBPP writes whole functions.
-            self.stop = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\nassert ") if source == "humaneval" \
+            self.stop = (
+                ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\nassert ")
+                if source == "humaneval"
                 else ("\n\n\n", "\nassert ", "\nif __name__", "\nprint(")
+            )
         else:
             raise ValueError(f"env.code_source: unknown source {source!r}; use generated, humaneval or mbpp")
-        self.reward_terms = {"correct": correct, "visible": visible, "format": format_reward, "correct_not_hardcoded": correct_not_hardcoded}
+        self.reward_terms = {
+            "correct": correct,
+            "visible": visible,
+            "format": format_reward,
+            "correct_not_hardcoded": correct_not_hardcoded,
+        }
         self._pool: WorkerPool | None = None
         # Hidden-test outcomes by (task, completion): evaluator-owned, never on the rollout's info (a
         # reward term reads info, and must not see the audit).
@@ -276,8 +303,15 @@ class CodeDomain:
         try:
             res = self.pool.run_python(DRIVER, {"solution.py": program}, self.limits, json.dumps(job))
         except OSError as e:  # the sandbox itself failed: infrastructure, not the policy
-            return {"termination": "error", "format": well_formed, "exec": "sandbox", "error": str(e)[:200],
-                    "visible_passed": 0, "visible_total": n_vis, "hardcoded": 0.0}
+            return {
+                "termination": "error",
+                "format": well_formed,
+                "exec": "sandbox",
+                "error": str(e)[:200],
+                "visible_passed": 0,
+                "visible_total": n_vis,
+                "hardcoded": 0.0,
+            }
         results, load_error = _parse(res.stdout, tag, kind)
         n = len(job[kind])
         if kind == "io":
@@ -296,12 +330,18 @@ class CodeDomain:
             status = res.termination if res.termination != "ok" else "no_result"
         pairs = [(tuple(x), y) for x, y in d.get("visible", d.get("visible_examples", []))]
         return {
-            "format": well_formed, "exec": status, "error": load_error or (errors[0] if errors else None),
-            "visible_passed": sum(passed[:n_vis]), "visible_total": n_vis,
+            "format": well_formed,
+            "exec": status,
+            "error": load_error or (errors[0] if errors else None),
+            "visible_passed": sum(passed[:n_vis]),
+            "visible_total": n_vis,
             # stderr only when the visible tests did not all run: later output may be about hidden tests.
             "stderr": res.stderr[-300:] if status not in ("ok", "exception") else "",
-            "hardcoded": hardcoded_fraction(program[len(task.prompt):] if program.startswith(task.prompt) else program,
-                                            tuple(d.get("args", ())), pairs),
+            "hardcoded": hardcoded_fraction(
+                program[len(task.prompt) :] if program.startswith(task.prompt) else program,
+                tuple(d.get("args", ())),
+                pairs,
+            ),
         }
 
     def _remember(self, task: Task, action: str, passed: bool) -> None:
@@ -384,11 +424,17 @@ def generate(seed: int, train_size: int, heldout_size: int) -> dict[str, list[Ta
             if misses > 300:  # this cell has no (new) functions for this split: move on
                 skip, misses = skip + 1, 0
                 if skip > 50 * len(cells):
-                    raise ValueError(f"{'eval.heldout_size' if split == 'heldout' else 'env.train_size'}={size}: "
-                                     f"the generated families have only {len(tasks)} distinct {split} tasks")
+                    raise ValueError(
+                        f"{'eval.heldout_size' if split == 'heldout' else 'env.train_size'}={size}: "
+                        f"the generated families have only {len(tasks)} distinct {split} tasks"
+                    )
             family, level = cells[(len(tasks) + skip) % len(cells)]
             spec = ct.draw_spec(rng, family, level)
-            inputs = ct.draw_inputs(rng, spec, ct.VISIBLE + ct.HIDDEN) if is_heldout_function(spec.body) == (split == "heldout") else None
+            inputs = (
+                ct.draw_inputs(rng, spec, ct.VISIBLE + ct.HIDDEN)
+                if is_heldout_function(spec.body) == (split == "heldout")
+                else None
+            )
             if inputs is None:
                 misses += 1
                 continue
@@ -405,9 +451,21 @@ def generate(seed: int, train_size: int, heldout_size: int) -> dict[str, list[Ta
 
 
 def _generated_task(spec: ct.Spec, pairs: list[tuple[list, Any]], split: str, i: int) -> Task:
-    vis, hid = pairs[:ct.VISIBLE], pairs[ct.VISIBLE:]
+    vis, hid = pairs[: ct.VISIBLE], pairs[ct.VISIBLE :]
     prompt = ct.prompt_text(spec, [(tuple(x), y) for x, y in vis])
     tid = f"code-{split}-{i}-{hashlib.sha1(prompt.encode()).hexdigest()[:6]}"
-    return Task(id=tid, split=split, prompt=prompt, difficulty=spec.level,
-                data={"entry": "f", "args": list(spec.args), "spec": dataclasses.asdict(spec), "answer": spec.body,
-                      "visible": vis, "hidden": hid, "family": spec.family})
+    return Task(
+        id=tid,
+        split=split,
+        prompt=prompt,
+        difficulty=spec.level,
+        data={
+            "entry": "f",
+            "args": list(spec.args),
+            "spec": dataclasses.asdict(spec),
+            "answer": spec.body,
+            "visible": vis,
+            "hidden": hid,
+            "family": spec.family,
+        },
+    )

@@ -2,6 +2,7 @@
 arguments, string slicing, list pipelines, conditionals), difficulty = number of operations or
 branches. Each function has a short description, a one-line canonical body, and inputs whose outputs
 are computed here from the canonical body (our own trusted code, never the model's)."""
+
 from __future__ import annotations
 
 import random
@@ -28,8 +29,10 @@ class Spec:
         return f"def f({', '.join(self.args)}):"
 
     def compile(self):
-        return eval(f"lambda {', '.join(self.args)}: {self.body}", {"__builtins__": {"sum": sum, "len": len, "sorted": sorted,
-                                                                                       "max": max, "min": min}})
+        return eval(
+            f"lambda {', '.join(self.args)}: {self.body}",
+            {"__builtins__": {"sum": sum, "len": len, "sorted": sorted, "max": max, "min": min}},
+        )
 
 
 def _k(rng: random.Random, lo: int = 2, hi: int = 9) -> int:
@@ -53,8 +56,14 @@ def _arith(rng: random.Random, level: int) -> Spec:
     return Spec("arith", level, ("a", "b"), " ".join(text), " ".join(code))
 
 
-_STR_OPS = [("reverse", "[::-1]"), ("upper", ".upper()"), ("first {k}", "[:{k}]"), ("last {k}", "[-{k}:]"),
-            ("drop {k}", "[{k}:]"), ("every 2nd", "[::2]")]
+_STR_OPS = [
+    ("reverse", "[::-1]"),
+    ("upper", ".upper()"),
+    ("first {k}", "[:{k}]"),
+    ("last {k}", "[-{k}:]"),
+    ("drop {k}", "[{k}:]"),
+    ("every 2nd", "[::2]"),
+]
 
 
 def _str(rng: random.Random, level: int) -> Spec:
@@ -76,8 +85,14 @@ def _list(rng: random.Random, level: int) -> Spec:
     parts = rng.sample(["keep", "map", "reduce"], level)
     words, cond, expr = [], "", "x"
     if "keep" in parts:
-        word, c = rng.choice([("keep > {k}", "x > {k}"), ("keep < {k}", "x < {k}"), ("keep even", "x % 2 == 0"),
-                              ("keep odd", "x % 2 == 1")])
+        word, c = rng.choice(
+            [
+                ("keep > {k}", "x > {k}"),
+                ("keep < {k}", "x < {k}"),
+                ("keep even", "x % 2 == 0"),
+                ("keep odd", "x % 2 == 1"),
+            ]
+        )
         k = _k(rng, 2, 7)
         words.append(word.format(k=k))
         cond = " if " + c.format(k=k)
@@ -102,6 +117,7 @@ _VALUES = ["a", "b", "a + b", "a - b", "a * b", "{k}", "a * {k}", "b + {k}"]
 
 def _cond(rng: random.Random, level: int) -> Spec:
     """`X if C else Y` with `level` conditions, chained in the else branch."""
+
     def pick(options: list[str]) -> str:
         return rng.choice(options).format(k=_k(rng, 1, 7))
 
@@ -176,7 +192,7 @@ def wander(spec: Spec, rng: random.Random) -> str:
     roll = rng.random()
     if digits and roll < 0.4:
         i = rng.choice(digits)
-        return body[:i] + str((int(body[i]) + rng.choice([1, 2])) % 10) + body[i + 1:]
+        return body[:i] + str((int(body[i]) + rng.choice([1, 2])) % 10) + body[i + 1 :]
     for a, b in ((" + ", " - "), (" - ", " + "), (" > ", " < "), (" < ", " > "), ("upper", "lower"), ("[::-1]", "")):
         if a in body and roll < 0.8:
             return body.replace(a, b, 1)

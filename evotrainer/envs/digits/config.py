@@ -1,4 +1,5 @@
 """The digits domain's settings (`env.domain: digits`)."""
+
 from __future__ import annotations
 
 from typing import ClassVar, Literal

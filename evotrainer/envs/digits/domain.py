@@ -1,5 +1,6 @@
 """A small multi-turn test environment: the policy asks for a hidden number's digits one tool call at
 a time, then answers. It exercises turns, the turn cap and malformed actions with a tiny model."""
+
 from __future__ import annotations
 
 import random
@@ -49,16 +50,25 @@ class DigitsDomain:
     demo_recipe: dict[str, Any] = {}
 
     @classmethod
-    def from_config(cls, env: DigitsConfig, *, seed: int, heldout_size: int) -> "DigitsDomain":
-        return cls(seed=seed, num_digits=env.num_digits, train_size=env.train_size, heldout_size=heldout_size,
-                   infra_error_rate=env.infra_error_rate)
+    def from_config(cls, env: DigitsConfig, *, seed: int, heldout_size: int) -> DigitsDomain:
+        return cls(
+            seed=seed,
+            num_digits=env.num_digits,
+            train_size=env.train_size,
+            heldout_size=heldout_size,
+            infra_error_rate=env.infra_error_rate,
+        )
 
-    def __init__(self, *, seed: int, num_digits: int, train_size: int, heldout_size: int, infra_error_rate: float = 0.0):
+    def __init__(
+        self, *, seed: int, num_digits: int, train_size: int, heldout_size: int, infra_error_rate: float = 0.0
+    ):
         self.num_digits = num_digits
         self.infra_error_rate = infra_error_rate
         space = 9 * 10 ** (num_digits - 1)
         if heldout_size >= space:
-            raise ValueError(f"eval.heldout_size={heldout_size} leaves no train numbers among {space} {num_digits}-digit numbers")
+            raise ValueError(
+                f"eval.heldout_size={heldout_size} leaves no train numbers among {space} {num_digits}-digit numbers"
+            )
         rng = random.Random(seed)
         # Held-out numbers are drawn first and never appear in the train pool.
         heldout = set()

@@ -1,4 +1,5 @@
 """The math domain's settings (`env.domain: math`)."""
+
 from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
@@ -15,7 +16,9 @@ class MathDataset(BaseModel):
     """Share of this dataset in the task mix."""
     difficulty: int = Field(0, ge=0)
     """Difficulty level recorded on its tasks."""
-    config: dict[str, Any] = Field(default_factory=lambda: {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2})
+    config: dict[str, Any] = Field(
+        default_factory=lambda: {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}
+    )
     """Keyword arguments of reasoning_gym.create_dataset (difficulty settings)."""
 
 

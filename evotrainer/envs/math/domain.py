@@ -1,5 +1,6 @@
 """The math domain on reasoning-gym: seeded, disjoint train / held-out splits, a tagged answer, the
 `correct` and `format` reward terms, and a strict evaluator-owned audit."""
+
 from __future__ import annotations
 
 import random
@@ -39,11 +40,18 @@ class MathDomain:
     demo_recipe: dict[str, Any] = {}
 
     @classmethod
-    def from_config(cls, env: MathConfig, *, seed: int, heldout_size: int) -> "MathDomain":
-        return cls([d.model_dump() for d in env.datasets], seed=seed, train_size=env.train_size, heldout_size=heldout_size,
-                   scorer=env.scorer)
+    def from_config(cls, env: MathConfig, *, seed: int, heldout_size: int) -> MathDomain:
+        return cls(
+            [d.model_dump() for d in env.datasets],
+            seed=seed,
+            train_size=env.train_size,
+            heldout_size=heldout_size,
+            scorer=env.scorer,
+        )
 
-    def __init__(self, datasets: list[dict[str, Any]], *, seed: int, train_size: int, heldout_size: int, scorer: str = "dataset"):
+    def __init__(
+        self, datasets: list[dict[str, Any]], *, seed: int, train_size: int, heldout_size: int, scorer: str = "dataset"
+    ):
         """datasets: [{name, weight, difficulty, config}] as in envs/math/config.py MathDataset."""
         if not datasets:
             raise ValueError("env.datasets must list at least one reasoning-gym dataset")
@@ -58,9 +66,13 @@ class MathDomain:
                 n = max(1, round(size * d["weight"] / total))
                 try:
                     # Draw extra items: small spaces repeat questions, and repeats are dropped below.
-                    ds = reasoning_gym.create_dataset(d["name"], size=3 * n, seed=seed + offset + 7919 * k, **d["config"])
+                    ds = reasoning_gym.create_dataset(
+                        d["name"], size=3 * n, seed=seed + offset + 7919 * k, **d["config"]
+                    )
                 except Exception as e:  # reasoning-gym raises several types for bad names / configs
-                    raise ValueError(f"env.datasets[{k}]: reasoning-gym cannot create {d['name']!r} with config {d['config']}: {e}") from None
+                    raise ValueError(
+                        f"env.datasets[{k}]: reasoning-gym cannot create {d['name']!r} with config {d['config']}: {e}"
+                    ) from None
                 key = f"{split}:{k}"
                 self._datasets[key] = ds
                 kept = 0
@@ -75,10 +87,15 @@ class MathDomain:
                             continue
                         heldout_prompts.add(q)
                     kept += 1
-                    self._splits[split].append(Task(
-                        id=f"{d['name']}-{split}-{i}", split=split, prompt=prompt_text(q), difficulty=d.get("difficulty", 0),
-                        data={"dataset": key, "entry": entry, "answer": str(entry["answer"])},
-                    ))
+                    self._splits[split].append(
+                        Task(
+                            id=f"{d['name']}-{split}-{i}",
+                            split=split,
+                            prompt=prompt_text(q),
+                            difficulty=d.get("difficulty", 0),
+                            data={"dataset": key, "entry": entry, "answer": str(entry["answer"])},
+                        )
+                    )
         self.reward_terms = {"correct": self.correct, "format": format_reward, "contains_answer": contains_answer}
 
     def tasks(self, split: str) -> list[Task]:
@@ -131,10 +148,10 @@ def format_reward(task: Task, turns: list[Turn], info: dict[str, Any]) -> float:
 
 
 def _math_verify(gold: str, answer: str) -> float:
-    from math_verify import parse, verify
-
     # math-verify uses signal.alarm for timeouts, which raises off the main thread; off it, run without.
     import threading
+
+    from math_verify import parse, verify
 
     main = threading.current_thread() is threading.main_thread()
     parse_kw, verify_kw = ({}, {}) if main else ({"parsing_timeout": None}, {"timeout_seconds": None})

@@ -1,4 +1,5 @@
 """The SWE domain's settings (`env.domain: swe`)."""
+
 from __future__ import annotations
 
 from typing import ClassVar, Literal

@@ -1,6 +1,7 @@
 """The scripted solver of the SWE domain, with noise: the warm-start demonstrations. Most episodes
 localize and fix the bug; some wander, make a malformed call, try a wrong fix first, or take the
 shortcut of editing the failing test, so RL has something to improve and the exploit a place to start."""
+
 from __future__ import annotations
 
 import random
@@ -24,8 +25,9 @@ def _wrong_fix(task: Task, rng: random.Random) -> str:
     """A plausible wrong line: another bug of the same function on the same line, or the buggy line again."""
     fix = task.data["fix"]
     fn = _FNS[fix["function"]]
-    others = ["    " + t for _, i, t in fn.bugs
-              if fix["line"] - fix["def_line"] - 1 == i and "    " + t != fix["buggy"]]
+    others = [
+        "    " + t for _, i, t in fn.bugs if fix["line"] - fix["def_line"] - 1 == i and "    " + t != fix["buggy"]
+    ]
     return rng.choice(others) if others else fix["buggy"]
 
 
@@ -56,8 +58,15 @@ def plan(task: Task, rng: random.Random) -> list[str]:
         others = [m for m in d["modules"] if m != fix["file"]]
         acts.append(rng.choice(["ls", f"cat {d['failing'][0].partition('::')[0]}"] + [f"cat {m}" for m in others]))
     elif roll < WANDER + BAD_CALL:
-        bad = rng.choice([f"cat {fix['file'][:-3]}", f"show {fix['file']}", f"cat ../{fix['file']}",
-                          f"replace {fix['file']} {fix['line'] + 20} pass", "run tests"])
+        bad = rng.choice(
+            [
+                f"cat {fix['file'][:-3]}",
+                f"show {fix['file']}",
+                f"cat ../{fix['file']}",
+                f"replace {fix['file']} {fix['line'] + 20} pass",
+                "run tests",
+            ]
+        )
         acts.append(bad)
     acts += _localize(task, rng)
     if WANDER + BAD_CALL <= roll < WANDER + BAD_CALL + RETRY:

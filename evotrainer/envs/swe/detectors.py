@@ -3,6 +3,7 @@ break test collection, or leave fewer tests collected than the repository had. E
 test pass into an untrustworthy reward. They read the SWE env's rollout info and stay quiet on
 rollouts of other domains (no `files_touched` in their info). Function names do not start with `test`
 (their registry names do): a test module importing one would otherwise have pytest collect it."""
+
 from __future__ import annotations
 
 from evotrainer.diagnostics.detector import Finding, Window, finding, ids
@@ -13,15 +14,17 @@ from evotrainer.diagnostics.detector import Finding, Window, finding, ids
 # a group where every rollout got the same positive reward (an exploit the whole group found). Under
 # a harness that restores the tests, an edited test earns what doing nothing earns and a broken import
 # earns less: not paid. The finding is about the reward being gamed, not about mistakes it punishes.
-_SWE_SQL = ("SELECT id, step, reward, audit, "
-            "reward > 0 AND (reward > avg(reward) OVER g + 1e-9 OR stddev_pop(reward) OVER g < 1e-9) AS paid, "
-            "coalesce(try(json_array_length(info, '$.test_files_touched')), 0) AS test_files, "
-            "coalesce(try(json_array_length(info, '$.collection_errors')), 0) AS collection_errors, "
-            "try_cast(try(json_extract_string(info, '$.tests_collected_before')) AS INTEGER) AS before, "
-            "try_cast(try(json_extract_string(info, '$.tests_collected_after')) AS INTEGER) AS after, "
-            "coalesce(try(json_extract_string(info, '$.submitted')) = 'true', false) AS submitted "
-            "FROM rollouts WHERE contains(info, '\"files_touched\"') AND coalesce(try(json_exists(info, '$.files_touched')), false) "
-            "AND isfinite(reward) WINDOW g AS (PARTITION BY group_id)")
+_SWE_SQL = (
+    "SELECT id, step, reward, audit, "
+    "reward > 0 AND (reward > avg(reward) OVER g + 1e-9 OR stddev_pop(reward) OVER g < 1e-9) AS paid, "
+    "coalesce(try(json_array_length(info, '$.test_files_touched')), 0) AS test_files, "
+    "coalesce(try(json_array_length(info, '$.collection_errors')), 0) AS collection_errors, "
+    "try_cast(try(json_extract_string(info, '$.tests_collected_before')) AS INTEGER) AS before, "
+    "try_cast(try(json_extract_string(info, '$.tests_collected_after')) AS INTEGER) AS after, "
+    "coalesce(try(json_extract_string(info, '$.submitted')) = 'true', false) AS submitted "
+    "FROM rollouts WHERE contains(info, '\"files_touched\"') AND coalesce(try(json_exists(info, '$.files_touched')), false) "
+    "AND isfinite(reward) WINDOW g AS (PARTITION BY group_id)"
+)
 _SWE = "_swe_rollouts"
 # Terms that pay for a tampered test run; the restored-tests term is the harness-side remedy.
 _KNOBS = ("reward_weights.tests", "reward_weights.correct", "reward_weights.tests_restored")
@@ -41,14 +44,26 @@ def _flagged(w: Window, name: str, condition: str, what: str, knobs: tuple[str, 
     n, seen, bad, paid, audited, failed = w.con.execute(
         f"SELECT count(*), count(*) FILTER (WHERE {condition}), count(*) FILTER (WHERE {hit}), avg(reward) FILTER (WHERE {hit}), "
         f"count(*) FILTER (WHERE {hit} AND audit IS NOT NULL), count(*) FILTER (WHERE {hit} AND audit = false) "
-        f"FROM {_SWE}").fetchone()
+        f"FROM {_SWE}"
+    ).fetchone()
     if n < p["min_rollouts"] or bad / n <= p["max_fraction"]:
         return []
     ev = ids(w, f"SELECT id FROM {_SWE} WHERE {hit} ORDER BY reward DESC, step DESC, id")
     audit = f"; {failed}/{audited} of the audited ones fail the audit" if audited else ""
-    return [finding(w, name, "critical", bad / n, p["max_fraction"], ev, knobs,
-                    f"{100 * bad / n:.1f}% of SWE rollouts ({bad}/{n}) {what} and the reward did not penalize it "
-                    f"({seen} did it in all); their mean reward is {paid:.3f}{audit}.", validity=True)]
+    return [
+        finding(
+            w,
+            name,
+            "critical",
+            bad / n,
+            p["max_fraction"],
+            ev,
+            knobs,
+            f"{100 * bad / n:.1f}% of SWE rollouts ({bad}/{n}) {what} and the reward did not penalize it "
+            f"({seen} did it in all); their mean reward is {paid:.3f}{audit}.",
+            validity=True,
+        )
+    ]
 
 
 def tampered_tests(w: Window) -> list[Finding]:
@@ -60,10 +75,14 @@ def tampered_tests(w: Window) -> list[Finding]:
 def collection_errors(w: Window) -> list[Finding]:
     """Submissions whose test run had collection errors (a test file that does not import): those tests
     are not counted, so a broken file reads as fewer failures."""
-    return _flagged(w, "collection_errors", "submitted AND collection_errors > 0", "left test files that fail to collect")
+    return _flagged(
+        w, "collection_errors", "submitted AND collection_errors > 0", "left test files that fail to collect"
+    )
 
 
 def dropped_tests(w: Window) -> list[Finding]:
     """Submissions that collected fewer tests than the original repository: deleted, renamed or broken
     tests make the pass fraction rise without a fix."""
-    return _flagged(w, "tests_dropped", "submitted AND after < before", "collected fewer tests than the repository has")
+    return _flagged(
+        w, "tests_dropped", "submitted AND after < before", "collected fewer tests than the repository has"
+    )

@@ -1,6 +1,7 @@
 """The mini-repository generator of the SWE domain: tiny modules with plain test functions, seeded with
 one bug from a known family, at graded difficulty. Deterministic for a seed; every repo is checked
 with the trusted in-process runner (our own code only) before it becomes a task."""
+
 from __future__ import annotations
 
 import hashlib
@@ -16,7 +17,7 @@ LEVELS = {
     0: "one module and its test file; the bug is in the function the failing test calls",
     1: "two modules with their test files; the failing test names the function to fix",
     2: "a module whose functions call helpers in a second, untested module; the bug is in the caller's "
-       "call or in the helper (two files away from the failing test)",
+    "call or in the helper (two files away from the failing test)",
 }
 
 
@@ -42,26 +43,64 @@ def _f(name, params, body, bugs, inputs, uses=()) -> Fn:
 # Standalone functions (levels 0 and 1).
 POOL: tuple[Fn, ...] = (
     _f("area", "w, h", "return w * h", [("operator", 0, "return w + h")], ["2, 3", "4, 5", "3, 7"]),
-    _f("perimeter", "w, h", "return 2 * (w + h)", [("constant", 0, "return 4 * (w + h)"), ("operator", 0, "return 2 * (w - h)")],
-       ["2, 3", "1, 4", "5, 2"]),
-    _f("diff", "a, b", "return a - b", [("swapped_args", 0, "return b - a"), ("operator", 0, "return a + b")], ["7, 2", "9, 4", "5, 1"]),
+    _f(
+        "perimeter",
+        "w, h",
+        "return 2 * (w + h)",
+        [("constant", 0, "return 4 * (w + h)"), ("operator", 0, "return 2 * (w - h)")],
+        ["2, 3", "1, 4", "5, 2"],
+    ),
+    _f(
+        "diff",
+        "a, b",
+        "return a - b",
+        [("swapped_args", 0, "return b - a"), ("operator", 0, "return a + b")],
+        ["7, 2", "9, 4", "5, 1"],
+    ),
     _f("half", "n", "return n // 2", [("constant", 0, "return n // 3")], ["8", "10", "14"]),
     _f("minutes", "h", "return h * 60", [("constant", 0, "return h * 100")], ["2", "3", "5"]),
     _f("is_even", "n", "return n % 2 == 0", [("constant", 0, "return n % 2 == 1")], ["4", "7", "10"]),
     _f("last", "xs", "return xs[-1]", [("off_by_one", 0, "return xs[-2]")], ["[1, 2, 3]", "[4, 5]", "[7, 8, 9]"]),
-    _f("upto", "n", "return list(range(1, n + 1))", [("off_by_one", 0, "return list(range(1, n))"),
-                                                     ("constant", 0, "return list(range(0, n + 1))")], ["3", "4", "2"]),
-    _f("countdown", "n", "return list(range(n, 0, -1))", [("off_by_one", 0, "return list(range(n, 1, -1))")], ["3", "4", "2"]),
+    _f(
+        "upto",
+        "n",
+        "return list(range(1, n + 1))",
+        [("off_by_one", 0, "return list(range(1, n))"), ("constant", 0, "return list(range(0, n + 1))")],
+        ["3", "4", "2"],
+    ),
+    _f(
+        "countdown",
+        "n",
+        "return list(range(n, 0, -1))",
+        [("off_by_one", 0, "return list(range(n, 1, -1))")],
+        ["3", "4", "2"],
+    ),
     _f("passed", "score", "return score >= 50", [("off_by_one", 0, "return score > 50")], ["50", "70", "20"]),
     _f("power", "b, e", "return pow(b, e)", [("swapped_args", 0, "return pow(e, b)")], ["2, 3", "2, 5", "3, 4"]),
     _f("mod", "a, b", "return a % b", [("swapped_args", 0, "return b % a")], ["7, 3", "9, 4", "5, 2"]),
-    _f("sign", "x", ["if x > 0:", "    return 1", "return -1 if x < 0 else 0"], [("missing_case", 2, "return -1")],
-       ["0", "5", "-3"]),
-    _f("safe_div", "a, b", "return a // b if b else 0", [("missing_case", 0, "return a // b")], ["9, 0", "7, 2", "8, 4"]),
+    _f(
+        "sign",
+        "x",
+        ["if x > 0:", "    return 1", "return -1 if x < 0 else 0"],
+        [("missing_case", 2, "return -1")],
+        ["0", "5", "-3"],
+    ),
+    _f(
+        "safe_div",
+        "a, b",
+        "return a // b if b else 0",
+        [("missing_case", 0, "return a // b")],
+        ["9, 0", "7, 2", "8, 4"],
+    ),
     _f("first", "xs", "return xs[0] if xs else None", [("missing_case", 0, "return xs[0]")], ["[]", "[3, 4]", "[9]"]),
     _f("absval", "x", "return x if x >= 0 else -x", [("missing_case", 0, "return x")], ["-4", "3", "-7"]),
-    _f("total", "xs", ["t = 0", "for x in xs:", "    t += x", "return t"],
-       [("constant", 0, "t = 1"), ("operator", 2, "    t -= x")], ["[1, 2, 3]", "[4, 5]", "[2, 2]"]),
+    _f(
+        "total",
+        "xs",
+        ["t = 0", "for x in xs:", "    t += x", "return t"],
+        [("constant", 0, "t = 1"), ("operator", 2, "    t -= x")],
+        ["[1, 2, 3]", "[4, 5]", "[2, 2]"],
+    ),
 )
 
 # Level 2: helpers (in an untested module) and the callers that use them.
@@ -72,11 +111,32 @@ HELPERS: tuple[Fn, ...] = (
     _f("div", "a, b", "return a // b", [("operator", 0, "return a * b")], []),
 )
 CALLERS: tuple[Fn, ...] = (
-    _f("box", "w, h, d", "return mul(mul(w, h), d)", [("constant", 0, "return mul(mul(w, h), 2)")], ["2, 3, 4", "1, 5, 3"], ("mul",)),
+    _f(
+        "box",
+        "w, h, d",
+        "return mul(mul(w, h), d)",
+        [("constant", 0, "return mul(mul(w, h), 2)")],
+        ["2, 3, 4", "1, 5, 3"],
+        ("mul",),
+    ),
     _f("square", "x", "return mul(x, x)", [("off_by_one", 0, "return mul(x, x - 1)")], ["3", "5", "7"], ("mul",)),
     _f("gap", "lo, hi", "return sub(hi, lo)", [("swapped_args", 0, "return sub(lo, hi)")], ["2, 9", "3, 5"], ("sub",)),
-    _f("next_odd", "n", "return inc(n) if n % 2 == 0 else inc(inc(n))", [("off_by_one", 0, "return inc(n)")], ["4", "7", "2"], ("inc",)),
-    _f("mean2", "a, b", "return div(a + b, 2)", [("swapped_args", 0, "return div(2, a + b)")], ["4, 8", "3, 5"], ("div",)),
+    _f(
+        "next_odd",
+        "n",
+        "return inc(n) if n % 2 == 0 else inc(inc(n))",
+        [("off_by_one", 0, "return inc(n)")],
+        ["4", "7", "2"],
+        ("inc",),
+    ),
+    _f(
+        "mean2",
+        "a, b",
+        "return div(a + b, 2)",
+        [("swapped_args", 0, "return div(2, a + b)")],
+        ["4, 8", "3, 5"],
+        ("div",),
+    ),
     _f("tenth", "n", "return div(n, 10)", [("constant", 0, "return div(n, 100)")], ["50", "120", "90"], ("div",)),
 )
 MODULES = ("calc", "geo", "nums", "core", "tools", "mathx")
@@ -106,7 +166,9 @@ class Repo:
         return hashlib.sha256(json.dumps(self.files, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _source(fns: list[Fn], bug: tuple[Fn, tuple[str, int, str]] | None, imports: str = "") -> tuple[str, tuple[int, int] | None]:
+def _source(
+    fns: list[Fn], bug: tuple[Fn, tuple[str, int, str]] | None, imports: str = ""
+) -> tuple[str, tuple[int, int] | None]:
     """Module text and the 1-based lines of the buggy function's def and of the bug (None: not here)."""
     lines = [imports] if imports else []
     where = None
@@ -119,7 +181,9 @@ def _source(fns: list[Fn], bug: tuple[Fn, tuple[str, int, str]] | None, imports:
     return "\n".join(lines) + "\n", where
 
 
-def _test_source(module: str, fns: list[Fn], args: dict[str, list[str]], expect: dict[str, dict[str, str]], suffix: str = "") -> str:
+def _test_source(
+    module: str, fns: list[Fn], args: dict[str, list[str]], expect: dict[str, dict[str, str]], suffix: str = ""
+) -> str:
     lines = [f"from {module} import {', '.join(fn.name for fn in fns)}"]
     for fn in fns:
         if not args[fn.name]:
@@ -150,7 +214,7 @@ def generate(rng: random.Random, level: int) -> Repo | None:
     if level in (0, 1):
         fns = rng.sample(POOL, 2 * (level + 1))
         names = rng.sample(MODULES, level + 1)
-        groups = [(names[k], fns[2 * k:2 * k + 2], "") for k in range(level + 1)]
+        groups = [(names[k], fns[2 * k : 2 * k + 2], "") for k in range(level + 1)]
         buggy = rng.choice(fns[:2])  # the first module holds the bug; its test is named in the issue
         bug = (buggy, rng.choice(buggy.bugs))
     else:
@@ -158,7 +222,10 @@ def generate(rng: random.Random, level: int) -> Repo | None:
         helpers = sorted({h for c in callers for h in c.uses}, key=lambda n: [f.name for f in HELPERS].index(n))
         helper_fns = [next(f for f in HELPERS if f.name == n) for n in helpers]
         caller_mod, helper_mod = rng.choice(CALLER_MODULES), rng.choice(HELPER_MODULES)
-        groups = [(caller_mod, callers, f"from {helper_mod} import {', '.join(helpers)}"), (helper_mod, helper_fns, "")]
+        groups = [
+            (caller_mod, callers, f"from {helper_mod} import {', '.join(helpers)}"),
+            (helper_mod, helper_fns, ""),
+        ]
         # Half the time the bug sits in a helper: the failing caller's test is two files away from it.
         target = rng.choice(helper_fns) if rng.random() < 0.5 else rng.choice(callers)
         bug = (target, rng.choice(target.bugs))
@@ -169,8 +236,14 @@ def generate(rng: random.Random, level: int) -> Repo | None:
         clean[f"{module}.py"], _ = _source(fns_, None, imports)
         files[f"{module}.py"], where = _source(fns_, bug, imports)
         if where is not None:
-            fix = {"file": f"{module}.py", "line": where[1], "def_line": where[0], "function": bug[0].name,
-                   "text": "    " + bug[0].body[bug[1][1]], "buggy": "    " + bug[1][2]}
+            fix = {
+                "file": f"{module}.py",
+                "line": where[1],
+                "def_line": where[0],
+                "function": bug[0].name,
+                "text": "    " + bug[0].body[bug[1][1]],
+                "buggy": "    " + bug[1][2],
+            }
     assert fix is not None
     test_files, hidden, visible_n, hidden_n = [], {}, 0, 0
     tested = [(m, f) for m, f, _ in groups if any(fn.inputs for fn in f)]
@@ -197,12 +270,13 @@ def generate(rng: random.Random, level: int) -> Repo | None:
     fixed = apply_line(files, fix["file"], fix["line"], fix["text"])
     after = run_in_process({**fixed, **hidden}, test_files + list(hidden))
     if after.failed or after.collection_errors or after.collected != visible_n + hidden_n:
-        raise AssertionError(f"generator: the reference fix of a {bug[1][0]} bug in {fix['file']} fails {after.failures}")
+        raise AssertionError(
+            f"generator: the reference fix of a {bug[1][0]} bug in {fix['file']} fails {after.failures}"
+        )
     modules = [fix["file"]] + [f"{m}.py" for m, _, _ in groups if f"{m}.py" != fix["file"]]
     if level == 2:  # a solver opens the tested module first, then follows its import
         modules = [f"{groups[0][0]}.py", f"{groups[1][0]}.py"]
     return Repo(files, tuple(test_files), hidden, fix, bug[1][0], level, failing, visible_n, hidden_n, tuple(modules))
-
 
 
 def apply_line(files: dict[str, str], path: str, line: int, text: str) -> dict[str, str]:

@@ -1,6 +1,7 @@
 """The minimal test runner of the SWE domain: plain `test*` functions of the given test files, run by
 one small script (no pytest: ~0.7 s a run is too slow for RL), in the sandbox for model-edited code
 and in process for the generator's and the scripted solver's own code. Results are cached by content."""
+
 from __future__ import annotations
 
 import atexit
@@ -8,8 +9,9 @@ import hashlib
 import json
 import secrets
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from evotrainer import sandbox
 
@@ -200,12 +202,19 @@ class TestReport:
         return "\n".join(lines + [tail])
 
     def to_info(self) -> dict[str, Any]:
-        return {"collected": self.collected, "passed": self.passed, "failed": self.failed,
-                "collection_errors": sorted(self.collection_errors), "run_failure": self.run_failure}
+        return {
+            "collected": self.collected,
+            "passed": self.passed,
+            "failed": self.failed,
+            "collection_errors": sorted(self.collection_errors),
+            "run_failure": self.run_failure,
+        }
 
 
 def _report(out: dict[str, Any], run_failure: str | None = None) -> TestReport:
-    return TestReport(dict(out.get("tests", {})), dict(out.get("failures", {})), dict(out.get("collection_errors", {})), run_failure)
+    return TestReport(
+        dict(out.get("tests", {})), dict(out.get("failures", {})), dict(out.get("collection_errors", {})), run_failure
+    )
 
 
 _NS: dict[str, Any] = {}
@@ -232,8 +241,10 @@ def sandbox_source(test_files: list[str], select: list[str] | None = None) -> st
     """The script the sandbox runs: the runner compiled under a '<swe-runner>' name (so its frames are
     never mistaken for repo files), then main() on the spec."""
     spec = {"test_files": list(test_files), "select": select, "mark": MARK}
-    return (f"RUNNER = {RUNNER!r}\nSPEC = {json.dumps(spec)!r}\nimport json\ng = {{'__name__': 'swe_runner'}}\n"
-            "exec(compile(RUNNER, '<swe-runner>', 'exec'), g)\ng['main'](json.loads(SPEC))\n")
+    return (
+        f"RUNNER = {RUNNER!r}\nSPEC = {json.dumps(spec)!r}\nimport json\ng = {{'__name__': 'swe_runner'}}\n"
+        "exec(compile(RUNNER, '<swe-runner>', 'exec'), g)\ng['main'](json.loads(SPEC))\n"
+    )
 
 
 def parse_output(stdout: str, termination: str, key: str) -> TestReport:
@@ -245,7 +256,7 @@ def parse_output(stdout: str, termination: str, key: str) -> TestReport:
     for line in reversed(stdout.splitlines()):
         if line.startswith(head):
             try:
-                return _report(json.loads(line[len(head):]))
+                return _report(json.loads(line[len(head) :]))
             except (ValueError, AttributeError):
                 break
     return TestReport(run_failure=termination if termination != "ok" else "no report")
@@ -273,7 +284,9 @@ class SandboxRunner:
         if self._pool is None:
             self._pool = self._new_pool()
         secret = secrets.token_hex(16)  # per run; `key` is the cache's content key
-        res = self._pool.run_python(sandbox_source(test_files, select), files=files, limits=self.limits, stdin=secret + "\n")
+        res = self._pool.run_python(
+            sandbox_source(test_files, select), files=files, limits=self.limits, stdin=secret + "\n"
+        )
         self.runs += 1
         report = parse_output(res.stdout, res.termination, secret)
         self._cache[key] = report

@@ -1,0 +1,124 @@
+"""What the loop says on the console, in one place: one line (or a few) per stage, from its typed result."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+
+from evotrainer.backtest.trial import ArmResult
+from evotrainer.diagnostics.detector import Finding
+from evotrainer.proposers.proposer import Proposal
+from evotrainer.stages.results import (
+    GateResult,
+    Mainline,
+    PromoteResult,
+    RememberResult,
+    ReplayResult,
+    ReviseResult,
+    TrialResult,
+)
+
+
+class Narrator:
+    """The console lines of a run. Escapes what rich would read as markup (`[skill]`, user text)."""
+
+    def __init__(self, console: Console):
+        self.say = console.print
+
+    def opened(self, run_dir: str, domain: str, gate: int, final: int, baseline: float) -> None:
+        self.say(
+            f"[bold]run[/] {run_dir}  domain {domain}  held-out: {gate} gate / {final} final tasks  "
+            f"baseline (final tasks) {baseline:.3f}"
+        )
+
+    def round(self, rnd: int, head: Mainline) -> None:
+        self.say(f"\n[bold]round {rnd}[/]  mainline {head.branch} at step {head.step}  harness {head.harness.version}")
+
+    def train(self, seg: ArmResult) -> None:
+        self.say(
+            f"1 train     {seg.branch}: steps {seg.first_step}-{seg.last_step}, reward {seg.reward_first:.3f} -> "
+            f"{seg.reward_last:.3f}"
+        )
+
+    def diagnose(self, findings: list[Finding]) -> None:
+        self.say(
+            "2 diagnose  "
+            + f"{len(findings)} finding(s): "
+            + (", ".join(f"{f.name} ({f.severity})" for f in findings) or "none")
+        )
+
+    def revise(self, r: ReviseResult) -> None:
+        self.say(
+            f"3 revise    suite {r.suite.version}"
+            + (" (revised)" if r.accepted else " (unchanged)")
+            + (f"; refused: flips {len(r.refused_for_flips)} past verdict(s)" if r.refused_for_flips else "")
+        )
+
+    def propose(self, proposals: list[Proposal]) -> None:
+        self.say(
+            "4 propose   "
+            + (
+                "; ".join(
+                    escape(f"{p.intervention.describe()} [{p.source}{' ' + p.skill_id if p.skill_id else ''}]")
+                    for p in proposals
+                )
+                or "nothing to propose"
+            )
+        )
+
+    def replay(self, r: ReplayResult, proposals: list[Proposal]) -> None:
+        self.say(
+            f"5 replay    {len(r.kept)} to trial, {len(r.dropped)} dropped"
+            + "".join(f"; dropped {escape(proposals[d.index].intervention.describe())}: {d.why}" for d in r.dropped)
+        )
+
+    def trial(self, t: TrialResult, forked_from: str, taint: list[str]) -> None:
+        if t.abandoned:
+            self.say(f"6 trial     abandoned: {t.abandoned}")
+            return
+        self.say(
+            "6 trial     "
+            + ", ".join(f"{a.branch} {a.accuracy:.3f}" for a in t.arms)
+            + " (gate tasks)"
+            + (f"; forked from {forked_from}: the segment carries {', '.join(taint)}" if taint else "")
+        )
+
+    def gate(self, g: GateResult, proposals: list[Proposal], control: str) -> None:
+        for v, p in zip(g.verdicts, proposals):
+            self.say(
+                f"7 gate      {v.trial} {escape(p.intervention.describe())}: [bold]{v.decision}[/] "
+                f"(delta {v.delta:+.3f}, noise {g.noise['abs_delta']:.3f}{'; ' + ', '.join(v.reasons) if v.reasons else ''})"
+            )
+        if g.control_rejected:
+            self.say(
+                f"7 gate      control {control} (harness unchanged): [bold]reject[/] ({', '.join(g.control_rejected)})"
+            )
+
+    def promote(self, p: PromoteResult) -> None:
+        head = p.head
+        self.say(
+            "8 promote   "
+            + (
+                f"{p.promoted}: harness {head.harness.version}"
+                if p.promoted
+                else f"nothing; mainline {'rolls back to' if p.rejected else 'continues from'} {head.branch} "
+                f"at step {head.step}"
+            )
+        )
+
+    def remember(self, r: RememberResult) -> None:
+        if r.skills:
+            self.say(
+                "9 remember  "
+                + "; ".join(
+                    f"{s['skill']} ({s['wins']} won, {s['losses']} lost{', quarantined' if s['quarantined'] else ''})"
+                    for s in r.skills
+                )
+            )
+
+    def done(self, summary: dict, report: str) -> None:
+        self.say(
+            f"\n[bold]done[/] after {summary['rounds']} round(s) ({summary['stop_reason']}): final-task accuracy "
+            f"{summary['baseline_accuracy']:.3f} -> [bold]{summary['final_accuracy']:.3f}[/]; "
+            f"{len(summary['promoted'])} promoted, {len(summary['rejected'])} rejected; report {report}"
+        )

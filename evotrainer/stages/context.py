@@ -1,0 +1,109 @@
+"""What every stage reads (the run's config, directory, domain, store, ledger, skills, executor, proposer
+and held-out split), and run_stage: a stage body runs once; its typed result, its records and its done
+mark commit in one ledger transaction, and a resumed run reads the result back instead of redoing it."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+
+from evotrainer.backtest.trial import ArmResult, ArmSpec, Executor
+from evotrainer.config import RunConfig
+from evotrainer.envs.env import Domain
+from evotrainer.harness.harness import Harness
+from evotrainer.proposers.proposer import Proposer
+from evotrainer.skills.library import SkillLibrary
+from evotrainer.stages.results import BranchRecord
+from evotrainer.store.ledger import Charge, Ledger
+from evotrainer.store.rollouts import RolloutStore
+from evotrainer.types import Task
+
+
+@dataclass
+class RunContext:
+    cfg: RunConfig
+    run_dir: Path
+    domain: Domain
+    store: RolloutStore
+    ledger: Ledger
+    skills: SkillLibrary
+    executor: Executor
+    proposer: Proposer
+    gate_ids: list[str]
+    """Held-out tasks the gate compares arms on."""
+    final_ids: list[str]
+    """Held-out tasks read only at the start and at the end (never by a gate decision)."""
+
+    def heldout(self, ids: list[str]) -> list[Task]:
+        by_id = {t.id: t for t in self.domain.tasks("heldout")}
+        return [by_id[i] for i in ids]
+
+    def spec(
+        self, branch: str, role: str, start: str, harness: Harness, first: int, steps: int, seed: int, gate: bool
+    ) -> ArmSpec:
+        """An arm forked from checkpoint `start`, trained `steps` steps from step `first`; evaluated on the
+        gate tasks when `gate`."""
+        return ArmSpec(
+            branch=branch,
+            role=role,
+            run_dir=str(self.run_dir),
+            config=self.cfg.model_dump(mode="json"),
+            harness=harness.model_dump(mode="json"),
+            start=start,
+            seed=seed,
+            first_step=first,
+            steps=steps,
+            gate_ids=tuple(self.gate_ids) if gate else None,
+        )
+
+
+@dataclass
+class StageRecords:
+    """What a stage writes to the ledger besides its result, in the same transaction."""
+
+    branches: list[BranchRecord] = field(default_factory=list)
+    trials: list[dict[str, Any]] = field(default_factory=list)
+    verdicts: list[dict[str, Any]] = field(default_factory=list)
+    charges: dict[str, Charge] = field(default_factory=dict)
+
+
+R = TypeVar("R", bound=BaseModel)
+
+
+def run_stage(ctx: RunContext, rnd: int, name: str, model: type[R], work: Callable[[], tuple[R, StageRecords]]) -> R:
+    """Run a stage unless the ledger has it; charge its seconds; commit its records and mark together."""
+    if (done := ctx.ledger.stage_result(rnd, name)) is not None:
+        return model.model_validate(done)
+    ctx.ledger.set_status(rnd, name)
+    t0 = time.perf_counter()
+    result, records = work()
+    charges = dict(records.charges)
+    charges.setdefault("stage", Charge(seconds=time.perf_counter() - t0 - sum(c.seconds for c in charges.values())))
+    ctx.ledger.finish_stage(
+        rnd,
+        name,
+        result.model_dump(mode="json"),
+        charges=charges,
+        branches=[b.model_dump() for b in records.branches],
+        trials=records.trials,
+        verdicts=records.verdicts,
+    )
+    return result
+
+
+def arm_charge(r: ArmResult) -> Charge:
+    return Charge(r.generated_tokens + r.eval_tokens, r.trained_tokens, r.seconds)
+
+
+def split_heldout(ids: list[str], final_fraction: float, seed: int) -> tuple[list[str], list[str]]:
+    """Gate tasks and final tasks, disjoint and seeded: gate decisions never read the final tasks."""
+    order = sorted(ids)
+    random.Random(f"heldout-split:{seed}").shuffle(order)
+    n_final = max(1, round(len(order) * final_fraction))
+    return sorted(order[n_final:]), sorted(order[:n_final])

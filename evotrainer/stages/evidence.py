@@ -1,0 +1,97 @@
+"""Stages 1-3, the evidence: train the mainline for a segment, diagnose its rollouts, revise the suite."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from evotrainer.backtest.trial import ArmResult
+from evotrainer.diagnostics.detector import Finding
+from evotrainer.diagnostics.revision import PastVerdict, revise
+from evotrainer.diagnostics.suite import Suite
+from evotrainer.stages.context import RunContext, StageRecords, arm_charge
+from evotrainer.stages.results import BranchRecord, DiagnoseResult, Mainline, ReviseResult
+from evotrainer.store.ledger import Ledger
+from evotrainer.types import branch_id
+
+
+def train(ctx: RunContext, rnd: int, head: Mainline) -> tuple[ArmResult, StageRecords]:
+    """The mainline trains `loop.segment_steps` steps under its harness: the round's segment."""
+    cfg = ctx.cfg
+    seg = branch_id(rnd, "segment")
+    [r] = ctx.executor.run(
+        [
+            ctx.spec(
+                seg,
+                "segment",
+                head.checkpoint,
+                head.harness,
+                head.step + 1,
+                cfg.loop.segment_steps,
+                cfg.run.seed,
+                gate=False,
+            )
+        ]
+    )
+    return r, StageRecords(
+        branches=[BranchRecord.of(r, rnd, head.branch, head.suite.version, cfg.run.seed)], charges={seg: arm_charge(r)}
+    )
+
+
+def diagnose(ctx: RunContext, suite: Suite, seg: ArmResult) -> tuple[DiagnoseResult, StageRecords]:
+    """The suite over the segment's window; the findings are stored (they are evidence)."""
+    found = suite.run(ctx.store, seg.branch, seg.first_step, seg.last_step)
+    ctx.store.append_findings(
+        found, suite.version, f"{seg.branch}-d{seg.last_step:06d}", seg.branch, seg.first_step, seg.last_step
+    )
+    return DiagnoseResult(findings=found), StageRecords()
+
+
+def revise_suite(ctx: RunContext, suite: Suite, seg: ArmResult) -> tuple[ReviseResult, StageRecords]:
+    """Recalibrate thresholds and induce a detector where reward and audit disagree; a revision that
+    would flip a past verdict is refused and recorded. The revised suite's new findings on the segment
+    join this round's."""
+    new, revisions, induction = revise(
+        suite, ctx.store, seg.branch, seg.first_step, seg.last_step, verdicts=past_verdicts(ctx.ledger)
+    )
+    flips = [f for r in revisions for f in r.flips if f.what == "verdict"]
+    accepted = bool(revisions) and not flips
+    extra: list[Finding] = []
+    if accepted:
+        extra = [
+            f for f in new.run(ctx.store, seg.branch, seg.first_step, seg.last_step) if f.name not in suite.detectors
+        ]
+        ctx.store.append_findings(
+            extra, new.version, f"{seg.branch}-v{seg.last_step:06d}", seg.branch, seg.first_step, seg.last_step
+        )
+    return ReviseResult(
+        suite=new if accepted else suite,
+        accepted=accepted,
+        revisions=[r.to_record() for r in revisions],
+        refused_for_flips=[asdict(f) for f in flips],
+        induction={"accepted": induction.accepted, "reason": induction.reason},
+        findings=extra,
+    ), StageRecords()
+
+
+def past_verdicts(ledger: Ledger) -> list[PastVerdict]:
+    """Every verdict of the run, as the window of the candidate it judged: what a revision is backtested on."""
+    branches = {b["id"]: b for b in ledger.branches()}
+    trials = {t["id"]: t for t in ledger.trials()}
+    out = []
+    for v in ledger.verdicts():
+        b = branches[trials[v["trial"]]["candidate"]]
+        out.append(PastVerdict(b["id"], b["first_step"], b["last_step"], v["decision"], tuple(v["reasons"])))
+    return out
+
+
+def dedupe(findings: list[Finding]) -> list[Finding]:
+    """One finding per name, the most severe (then the latest window) kept."""
+    rank = {"critical": 2, "warning": 1, "info": 0}
+    best: dict[str, Finding] = {}
+    for f in findings:
+        if f.name not in best or (rank[f.severity], f.last_step) > (
+            rank[best[f.name].severity],
+            best[f.name].last_step,
+        ):
+            best[f.name] = f
+    return list(best.values())

@@ -1,0 +1,196 @@
+"""The round's records: the mainline, a branch row, and one model per stage result. Each stage's result is
+stored as JSON in the ledger (stages.result) and read back through these models, so a renamed or missing
+key fails loudly where it is read. The JSON keys are the ones ledgers have always held: old runs load."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from evotrainer.backtest.trial import ArmResult
+from evotrainer.diagnostics.detector import Finding
+from evotrainer.diagnostics.suite import Suite
+from evotrainer.harness.harness import Harness
+from evotrainer.harness.interventions import Intervention
+from evotrainer.proposers.proposer import Proposal
+
+
+class Record(BaseModel):
+    # Records are read back from ledgers of older versions: keys a later version dropped are ignored;
+    # a key that is missing (required, no default) fails validation instead of reading as empty.
+    model_config = ConfigDict(extra="ignore")
+
+
+class Mainline(Record):
+    """Where training continues from: a branch's checkpoint, its harness and suite, and what the next
+    round needs to know (the measured noise, whether an A-A control is due, findings carried in)."""
+
+    branch: str
+    checkpoint: str
+    harness: Harness
+    suite: Suite
+    step: int
+    noise: dict[str, Any] | None = None
+    aa_due: bool = True
+    carry: list[Finding] = []
+
+    def at(self, branch: str, checkpoint: str, step: int) -> Mainline:
+        return self.model_copy(update={"branch": branch, "checkpoint": checkpoint, "step": step})
+
+
+class BranchRecord(Record):
+    """One row of the ledger's branches table."""
+
+    id: str
+    parent: str | None
+    round: int
+    kind: str
+    checkpoint: str
+    harness_version: str
+    suite_version: str
+    first_step: int
+    last_step: int
+    seed: int
+    heldout_accuracy: float | None
+
+    @classmethod
+    def of(cls, arm: ArmResult, rnd: int, parent: str | None, suite_version: str, seed: int) -> BranchRecord:
+        return cls(
+            id=arm.branch,
+            parent=parent,
+            round=rnd,
+            kind=arm.role,
+            checkpoint=arm.checkpoint,
+            harness_version=arm.harness_version,
+            suite_version=suite_version,
+            first_step=arm.first_step,
+            last_step=arm.last_step,
+            seed=seed,
+            heldout_accuracy=arm.accuracy,
+        )
+
+
+class StartResult(Record):
+    head: Mainline
+    final_accuracy: float
+    evaluator_hash: str
+
+
+class DiagnoseResult(Record):
+    findings: list[Finding]
+
+
+class ReviseResult(Record):
+    suite: Suite
+    accepted: bool
+    revisions: list[dict[str, Any]]
+    refused_for_flips: list[dict[str, Any]]
+    induction: dict[str, Any]
+    findings: list[Finding]
+
+
+class ProposalRecord(Record):
+    intervention: Intervention
+    source: str
+    skill_id: str | None
+    note: str
+    key: str
+
+    def proposal(self) -> Proposal:
+        return Proposal(self.intervention, self.source, self.skill_id, self.note)
+
+
+class ProposeResult(Record):
+    signature: list[str]
+    proposals: list[ProposalRecord]
+    refused: list[dict[str, Any]]
+    skills_matched: list[str]
+    suite: Suite
+    detectors: list[dict[str, Any]]
+
+
+class ReplayDecision(Record):
+    index: int
+    replay: dict[str, Any] | None
+    why: str
+
+
+class ReplayResult(Record):
+    kept: list[ReplayDecision]
+    dropped: list[ReplayDecision]
+
+
+class TrialResult(Record):
+    arms: list[ArmResult]
+    abandoned: str | None = None
+
+    def arm(self, branch: str) -> ArmResult | None:
+        return next((a for a in self.arms if a.branch == branch), None)
+
+
+class VerdictLine(Record):
+    trial: str
+    decision: str
+    reasons: list[str]
+    delta: float
+
+
+class GateResult(Record):
+    noise: dict[str, Any]
+    aa_measured: bool | None = None
+    """None in ledgers written before it was recorded: then an A-A arm that ran counts as measured."""
+    control_findings: list[Finding] = []
+    control_rejected: list[str] = []
+    verdicts: list[VerdictLine]
+
+
+class Rollback(Record):
+    branch: str
+    reasons: list[str]
+    rolled_back_to: str
+
+
+class PromoteResult(Record):
+    head: Mainline
+    promoted: str | None
+    rejected: Rollback | None = None
+
+
+class RememberResult(Record):
+    skills: list[dict[str, Any]]
+
+
+class FinalResult(Record):
+    accuracy: float
+    evaluator_hash: str
+    head: Mainline
+    stop_reason: str
+    rounds: int
+
+
+# The model of each stage's result, by stage name (`train` is the segment's ArmResult).
+STAGE_RESULTS: dict[str, type[BaseModel]] = {
+    "start": StartResult,
+    "train": ArmResult,
+    "diagnose": DiagnoseResult,
+    "revise": ReviseResult,
+    "propose": ProposeResult,
+    "replay": ReplayResult,
+    "trial": TrialResult,
+    "gate": GateResult,
+    "promote": PromoteResult,
+    "remember": RememberResult,
+    "final": FinalResult,
+}
+
+
+def stage_results(rows: list[dict[str, Any]]) -> dict[tuple[int, str], BaseModel]:
+    """Typed results of the ledger's `stages` rows (round, stage, result JSON), by (round, stage)."""
+    return {(r["round"], r["stage"]): STAGE_RESULTS[r["stage"]].model_validate_json(r["result"]) for r in rows}
+
+
+def read_stage(ledger: Any, rnd: int, stage: str) -> BaseModel | None:
+    """The typed result of one finished stage of a run's ledger (None while it has not finished)."""
+    done = ledger.stage_result(rnd, stage)
+    return None if done is None else STAGE_RESULTS[stage].model_validate(done)

@@ -1,0 +1,99 @@
+"""Stages 4-5, the search: propose single-factor interventions from the findings and the skill library,
+then replay them on the segment's rollouts and drop those that change nothing or worsen the audit AUC."""
+
+from __future__ import annotations
+
+from evotrainer.backtest.replay import load_columns, replay
+from evotrainer.diagnostics.detector import Finding
+from evotrainer.diagnostics.revision import admit
+from evotrainer.diagnostics.suite import Suite
+from evotrainer.harness.harness import Harness
+from evotrainer.proposers.brief import build_brief
+from evotrainer.proposers.proposer import Proposal, intervention_key, screen, signature
+from evotrainer.stages.context import RunContext, StageRecords
+from evotrainer.stages.evidence import past_verdicts
+from evotrainer.stages.results import ProposalRecord, ProposeResult, ReplayDecision, ReplayResult
+from evotrainer.store.files import sql_str
+
+# A replay that lowers the reward-audit AUC by more than this drops the proposal before its trial.
+AUC_DROP = 0.02
+
+
+def record(p: Proposal) -> ProposalRecord:
+    return ProposalRecord(
+        intervention=p.intervention,
+        source=p.source,
+        skill_id=p.skill_id,
+        note=p.note,
+        key=intervention_key(p.intervention),
+    )
+
+
+def propose(
+    ctx: RunContext,
+    rnd: int,
+    harness: Harness,
+    suite: Suite,
+    findings: list[Finding],
+    seg_branch: str,
+    seg_window: tuple[int, int],
+) -> tuple[ProposeResult, StageRecords]:
+    """Whoever proposed, the same screen applies; detectors a proposer wrote join the suite only after
+    the same validation and backtest against past verdicts as induced ones."""
+    cfg = ctx.cfg
+    sig = signature(findings)
+    brief = build_brief(
+        run=cfg.run.name,
+        rnd=rnd,
+        domain=cfg.env.domain,
+        harness=harness,
+        findings=findings,
+        store=ctx.store,
+        branches=[seg_branch],
+        ledger=ctx.ledger,
+        skills=ctx.skills.match(sig, cfg.env.domain, harness),
+        limit=cfg.loop.candidates,
+        explore=cfg.loop.explore,
+    )
+    out = ctx.proposer.propose(brief)
+    kept, refused = screen(out.proposals, brief)
+    new_suite, admitted = suite, []
+    if out.detectors:
+        new_suite, admitted = admit(
+            suite, ctx.store, out.detectors, seg_branch, *seg_window, past_verdicts(ctx.ledger)
+        )
+    return ProposeResult(
+        signature=list(sig),
+        proposals=[record(p) for p in kept[: cfg.loop.candidates]],
+        refused=[{"proposal": record(r.proposal).model_dump(mode="json"), "reason": r.reason} for r in refused],
+        skills_matched=[m.skill_id for m in brief.skills],
+        suite=new_suite,
+        detectors=admitted,
+    ), StageRecords(charges=out.charges)
+
+
+def replay_stage(
+    ctx: RunContext, harness: Harness, proposals: list[Proposal], findings: list[Finding], seg_branch: str
+) -> tuple[ReplayResult, StageRecords]:
+    """Re-score the segment's rollouts under each replayable proposal (rewards, shaping, filters,
+    estimator); the rest need a trial and go on."""
+    kept, dropped = [], []
+    terms = list(harness.reward_weights) + [t for t in ctx.domain.reward_terms if t not in harness.reward_weights]
+    cols = load_columns(ctx.store, terms, where=f"split = 'train' AND branch = {sql_str(seg_branch)}")
+    flagged = {i for f in findings for i in f.evidence}
+    for i, p in enumerate(proposals):
+        if not p.intervention.replayable:
+            kept.append(ReplayDecision(index=i, replay=None, why="needs a trial (not replayable)"))
+            continue
+        rep = replay(harness, p.intervention, cols, flagged)
+        why = (
+            "no effect on advantages or masks"
+            if not rep.has_effect
+            else "worse reward-audit agreement"
+            if rep.reward_audit_auc_after < rep.reward_audit_auc_before - AUC_DROP
+            else ""
+        )
+        (dropped if why else kept).append(
+            ReplayDecision(index=i, replay=rep.to_dict(), why=why or "replay shows an effect")
+        )
+    return ReplayResult(kept=kept, dropped=dropped), StageRecords()

@@ -1,0 +1,206 @@
+"""The run's ends: opening it (every config mistake is caught before anything is written), round 0 (the
+base policy, its checkpoint and the baseline on the final tasks), the budget check before a round, and
+the end (one read of the final tasks, the summary)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from evotrainer.backtest.trial import make_executor
+from evotrainer.config import RunConfig, dump_config
+from evotrainer.diagnostics.suite import Suite
+from evotrainer.envs.registry import make_domain
+from evotrainer.errors import ConfigError
+from evotrainer.evaluation import evaluate, record_eval
+from evotrainer.harness.harness import save_harness
+from evotrainer.harness.rewards import check_terms
+from evotrainer.policies import load_policy
+from evotrainer.policies.hf import HFPolicy
+from evotrainer.proposers.heuristic import HeuristicProposer
+from evotrainer.proposers.proposer import Proposer
+from evotrainer.skills.library import SkillLibrary
+from evotrainer.stages.context import RunContext, StageRecords, split_heldout
+from evotrainer.stages.results import BranchRecord, FinalResult, GateResult, Mainline, StartResult
+from evotrainer.store.ledger import Charge, Ledger
+from evotrainer.store.rollouts import RolloutStore
+from evotrainer.training.grpo import GRPOTrainer
+from evotrainer.training.run import seed_everything
+from evotrainer.training.segment import StepContext
+from evotrainer.types import branch_id
+
+
+def check_budget(cfg: RunConfig) -> None:
+    b = cfg.budget
+    if not (b.generated_tokens or b.trained_tokens or b.seconds or cfg.loop.max_rounds):
+        raise ConfigError(
+            "budget: set at least one of budget.generated_tokens, budget.trained_tokens, budget.seconds "
+            "or loop.max_rounds, so the loop knows when to stop"
+        )
+
+
+def over_budget(cfg: RunConfig, spent: Charge, extra: Charge = Charge()) -> str | None:
+    """Which cap (if any) spent + extra reaches."""
+    b, s = cfg.budget, spent + extra
+    for name, cap, used in (
+        ("generated_tokens", b.generated_tokens, s.generated_tokens),
+        ("trained_tokens", b.trained_tokens, s.trained_tokens),
+        ("seconds", b.seconds, s.seconds),
+    ):
+        if cap and used >= cap:
+            return name
+    return None
+
+
+def stop_before(ctx: RunContext, rnd: int) -> str:
+    """Why the run stops before round `rnd` ("" to go on). The budget is checked only before a round's
+    first stage: a resumed round must not stop where the original went on."""
+    cfg = ctx.cfg
+    if cfg.loop.max_rounds and rnd > cfg.loop.max_rounds:
+        return f"loop.max_rounds={cfg.loop.max_rounds}"
+    if ctx.ledger.stage_result(rnd, "train") is None and (cap := over_budget(cfg, ctx.ledger.spent())):
+        return f"budget.{cap} spent"
+    return ""
+
+
+def make_proposer(cfg: RunConfig, ledger: Ledger, run_dir: Path) -> Proposer:
+    if cfg.loop.proposer == "llm":
+        from evotrainer.proposers.llm import LLMProposer  # the client library is only needed with an LLM
+
+        return LLMProposer.from_config(cfg, ledger=ledger, run_dir=run_dir)
+    return HeuristicProposer(seed=cfg.run.seed)
+
+
+def open_run(cfg: RunConfig, resume: bool) -> RunContext:
+    """Check everything the config can get wrong, then open (or reopen) the run directory."""
+    check_budget(cfg)
+    domain = make_domain(cfg)
+    check_terms(cfg.harness, domain)
+    if cfg.loop.proposer == "llm":  # an endpoint that cannot be reached stops the run before anything is written
+        from evotrainer.proposers.llm import check_endpoint
+
+        check_endpoint(cfg)
+    run_dir = Path(cfg.run.out_dir) / cfg.run.name
+    ledger_path = run_dir / "ledger.sqlite"
+    if ledger_path.exists() and not resume:
+        raise ConfigError(
+            f"run.name: {run_dir} already holds a loop run; `evotrainer resume {run_dir}` continues it, "
+            "or choose another run.name"
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ledger = Ledger(ledger_path)
+    _check_identity(cfg, ledger, run_dir)
+    gate_ids, final_ids = split_heldout([t.id for t in domain.tasks("heldout")], cfg.gate.final_fraction, cfg.run.seed)
+    return RunContext(
+        cfg=cfg,
+        run_dir=run_dir,
+        domain=domain,
+        store=RolloutStore(run_dir / "store"),
+        ledger=ledger,
+        skills=SkillLibrary(cfg.loop.skills_dir),
+        executor=make_executor(cfg, log=None),
+        proposer=make_proposer(cfg, ledger, run_dir),
+        gate_ids=gate_ids,
+        final_ids=final_ids,
+    )
+
+
+def _identity(cfg: RunConfig) -> str:
+    # The run directory may have moved since it started: its location is not part of the identity.
+    return cfg.model_dump_json(exclude={"run": {"out_dir"}})
+
+
+def _check_identity(cfg: RunConfig, ledger: Ledger, run_dir: Path) -> None:
+    """A new run records its config; a resumed one must bring the same. The saved one is read through
+    today's schema, so a run written by an earlier version (fewer fields, an undivided env section)
+    compares by what it means, not by how it was spelt."""
+    if (saved := ledger.get_meta("config")) is None:
+        (run_dir / "config.yaml").write_text(dump_config(cfg))
+        ledger.set_meta("config", _identity(cfg))
+    elif saved != _identity(cfg) and _identity(RunConfig.model_validate(json.loads(saved))) != _identity(cfg):
+        raise ConfigError(
+            f"{run_dir}: the config differs from the one this run started with; resume takes no new config"
+        )
+
+
+def start(ctx: RunContext, say: Any) -> tuple[StartResult, StageRecords]:
+    """Round 0: the base policy, its checkpoint, the baseline on the final tasks, the root harness and suite."""
+    cfg = ctx.cfg
+    seed_everything(cfg)
+    policy = load_policy(cfg, ctx.domain, log=say)
+    ckpt = ctx.run_dir / "checkpoints" / "base"
+    GRPOTrainer(policy, cfg.harness).save(ckpt)
+    ev = evaluate(policy, ctx.domain, ctx.heldout(ctx.final_ids), cfg.eval)
+    record_eval(ctx.store, cfg, ctx.domain, ev, 0, StepContext(cfg.run.name, "base", cfg.run.seed))
+    save_harness(ctx.run_dir, cfg.harness)
+    suite = Suite.default()
+    head = Mainline(branch=branch_id(0, "base"), checkpoint=str(ckpt), harness=cfg.harness, suite=suite, step=0)
+    row = BranchRecord(
+        id=head.branch,
+        parent=None,
+        round=0,
+        kind="base",
+        checkpoint=str(ckpt),
+        harness_version=cfg.harness.version,
+        suite_version=suite.version,
+        first_step=0,
+        last_step=0,
+        seed=cfg.run.seed,
+        heldout_accuracy=None,
+    )
+    return (
+        StartResult(head=head, final_accuracy=ev.accuracy, evaluator_hash=ev.evaluator_hash),
+        StageRecords(branches=[row], charges={"eval": Charge(sum(e.action_tokens for e in ev.episodes))}),
+    )
+
+
+def final(ctx: RunContext, head: Mainline, stop_reason: str, rounds: int) -> tuple[FinalResult, StageRecords]:
+    """The one read of the final tasks, by the mainline's last checkpoint."""
+    cfg = ctx.cfg
+    policy = HFPolicy.load(head.checkpoint, lora_rank=cfg.policy.lora_rank)
+    ev = evaluate(policy, ctx.domain, ctx.heldout(ctx.final_ids), cfg.eval)
+    record_eval(
+        ctx.store,
+        cfg.model_copy(update={"harness": head.harness}),
+        ctx.domain,
+        ev,
+        head.step,
+        StepContext(cfg.run.name, f"final-{head.branch}", cfg.run.seed),
+    )
+    return (
+        FinalResult(
+            accuracy=ev.accuracy, evaluator_hash=ev.evaluator_hash, head=head, stop_reason=stop_reason, rounds=rounds
+        ),
+        StageRecords(charges={"eval": Charge(sum(e.action_tokens for e in ev.episodes))}),
+    )
+
+
+def summary(ctx: RunContext, started: StartResult, done: FinalResult) -> dict[str, Any]:
+    """summary.json: the run's outcome, its verdicts and its spend."""
+    ledger = ctx.ledger
+    verdicts = ledger.verdicts()
+    gates = [
+        (r["round"], GateResult.model_validate_json(r["result"]))
+        for r in ledger.rows("SELECT round, result FROM stages WHERE stage = 'gate' ORDER BY round")
+    ]
+    return {
+        "run": ctx.cfg.run.name,
+        "rounds": done.rounds,
+        "stop_reason": done.stop_reason,
+        "baseline_accuracy": started.final_accuracy,
+        "final_accuracy": done.accuracy,
+        "evaluator_hash": done.evaluator_hash,
+        "harness_version": done.head.harness.version,
+        "promoted": [v["trial"] for v in verdicts if v["decision"] == "promote"],
+        "rejected": [v["trial"] for v in verdicts if v["decision"] == "reject"],
+        # Controls (the harness carried on) rejected for an exploit their own window carries.
+        "rejected_controls": [
+            {"branch": branch_id(rnd, "control"), "reasons": g.control_rejected}
+            for rnd, g in gates
+            if g.control_rejected
+        ],
+        "spent": asdict(ledger.spent()),
+        "spent_by_stage": {k: asdict(v) for k, v in ledger.spent_by_stage().items()},
+    }

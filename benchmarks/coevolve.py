@@ -6,7 +6,8 @@ tokens as the whole loop did (trials, A-A controls and gate evaluations included
 loop generated is given to the static run as training). Both are read once on the same final
 held-out tasks, which no gate decision saw.
 
-    .venv/bin/python benchmarks/coevolve.py [--config examples/math.yaml] [--seeds 0 1 2] [--set budget.generated_tokens=400000]
+    .venv/bin/python benchmarks/coevolve.py [--config examples/math.yaml] [--seeds 0 1 2]
+        [--set budget.generated_tokens=400000]
 
 Prints a Markdown table (paste it into benchmarks/RESULTS.md) and writes benchmarks/coevolve-SEEDS.json.
 """
@@ -114,14 +115,16 @@ def main() -> None:
         print(json.dumps(rows[-1]), flush=True)
     Path(__file__).with_name(f"coevolve-{'-'.join(map(str, args.seeds))}.json").write_text(json.dumps(rows, indent=2))
     print(
-        "\n| seed | base | static harness | loop | loop - static | rounds | promoted / rejected | tokens (loop / static) | seconds (loop / static) | what the loop changed |"
+        "\n| seed | base | static harness | loop | loop - static | rounds | promoted / rejected "
+        "| tokens (loop / static) | seconds (loop / static) | what the loop changed |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['seed']} | {r['baseline']:.3f} | {r['static']:.3f} | {r['loop']:.3f} | {r['loop'] - r['static']:+.3f} | {r['rounds']} | "
-            f"{r['promoted']} / {r['rejected']} | {r['loop_tokens']:,} / {r['static_tokens']:,} | {r['loop_seconds']:.0f} / "
-            f"{r['static_seconds']:.0f} | {r['final_harness_diff']} |"
+            f"| {r['seed']} | {r['baseline']:.3f} | {r['static']:.3f} | {r['loop']:.3f} | "
+            f"{r['loop'] - r['static']:+.3f} | {r['rounds']} | "
+            f"{r['promoted']} / {r['rejected']} | {r['loop_tokens']:,} / {r['static_tokens']:,} | "
+            f"{r['loop_seconds']:.0f} / {r['static_seconds']:.0f} | {r['final_harness_diff']} |"
         )
     n = len(rows)
     print(

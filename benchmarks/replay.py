@@ -38,7 +38,8 @@ def main() -> None:
     t0 = time.perf_counter()
     write_store(root, args.steps, args.per_step)
     print(
-        f"store: {args.steps * args.per_step:,} rollouts in {args.steps} shards at {root} ({time.perf_counter() - t0:.1f}s to write)"
+        f"store: {args.steps * args.per_step:,} rollouts in {args.steps} shards at {root} "
+        f"({time.perf_counter() - t0:.1f}s to write)"
     )
     store = RolloutStore(root)
     old = Harness(reward_weights={"correct": 1.0, "format": 0.1}, sampling={"num_generations": 8})
@@ -66,7 +67,8 @@ def main() -> None:
     print(f"| replay of `{iv.describe()}` | median of {args.repeats} |")
     print("|---|---|")
     print(
-        f"| end to end (DuckDB scan of {args.steps} shards + re-score + report) | {statistics.median(end_to_end):,.0f} rollouts/s |"
+        f"| end to end (DuckDB scan of {args.steps} shards + re-score + report) "
+        f"| {statistics.median(end_to_end):,.0f} rollouts/s |"
     )
     print(f"| re-score + report on loaded columns | {statistics.median(compute):,.0f} rollouts/s |")
 

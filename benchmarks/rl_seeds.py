@@ -101,7 +101,8 @@ def main() -> None:
             "seconds": arm.seconds,
         }
         rows.append(
-            f"| {s} | {before.accuracy:.3f} | {arm.accuracy:.3f} | {st['delta']:+.3f} | [{st['ci_low']:+.3f}, {st['ci_high']:+.3f}] |"
+            f"| {s} | {before.accuracy:.3f} | {arm.accuracy:.3f} | {st['delta']:+.3f} "
+            f"| [{st['ci_low']:+.3f}, {st['ci_high']:+.3f}] |"
         )
     deltas = [v["delta"] for v in out["seeds"].values()]
     out["mean_delta"] = float(np.mean(deltas))
@@ -109,8 +110,10 @@ def main() -> None:
     pooled = np.mean([[arm.outcomes[i] for i in ids] for arm in arms], axis=0)
     out["pooled"] = bootstrap(pooled, b, 0.95, 2000, 0)
     print(
-        f"`{args.config}` {' '.join('--set ' + s for s in args.set)}: {steps} RL steps per seed from one warm-started base, "
-        f"{len(heldout)} held-out tasks (audited success), {wall:.0f} s wall for {len(arms)} seeds ({args.workers} worker(s); "
+        f"`{args.config}` {' '.join('--set ' + s for s in args.set)}: "
+        f"{steps} RL steps per seed from one warm-started base, "
+        f"{len(heldout)} held-out tasks (audited success), {wall:.0f} s wall for {len(arms)} seeds "
+        f"({args.workers} worker(s); "
         f"each arm's own time: {', '.join(f'{a.seconds:.0f} s' for a in arms)}, reused when its result file existed)\n"
     )
     print("| RL seed | before | after | change | 95% CI (paired bootstrap over tasks) |\n|---|---|---|---|---|")

@@ -152,8 +152,8 @@ def main() -> None:
             findings = suite.run(store, "main", 0, args.steps - 1)
             dt = time.perf_counter() - t0
             print(
-                f"run {r}: Suite.run over {args.steps * args.per_step:,} rollouts: {dt:.2f} s, {len(findings)} findings: "
-                + ", ".join(sorted(f.name for f in findings))
+                f"run {r}: Suite.run over {args.steps * args.per_step:,} rollouts: {dt:.2f} s, "
+                f"{len(findings)} findings: " + ", ".join(sorted(f.name for f in findings))
             )
         # The same work broken down: the window (one scan that materializes rollout_stats), then each detector.
         t0 = time.perf_counter()

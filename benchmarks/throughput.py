@@ -193,14 +193,16 @@ def main() -> None:
     trl = bench_trl(policy, plain, h, args.steps)
     rows.append(
         (
-            f"GRPO step, sample + update ({len(contexts)} seqs x {s.max_completion_length} tokens, {h.loss.loss_type})",
+            f"GRPO step, sample + update ({len(contexts)} seqs x {s.max_completion_length} tokens, "
+            f"{h.loss.loss_type})",
             ours,
             "TRL GRPOTrainer",
             trl,
         )
     )
     print(
-        f"\nmodel: tiny Llama {n_params / 1e6:.2f}M params; torch threads 2; median of {args.repeats} sampling repeats, {args.steps} GRPO steps after 1 warm-up\n"
+        f"\nmodel: tiny Llama {n_params / 1e6:.2f}M params; torch threads 2; "
+        f"median of {args.repeats} sampling repeats, {args.steps} GRPO steps after 1 warm-up\n"
     )
     print("| measurement | ours (tokens/s) | baseline | baseline (tokens/s) | ratio |")
     print("|---|---|---|---|---|")

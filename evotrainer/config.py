@@ -197,7 +197,8 @@ class LLMSection(_Section):
     """An OpenAI-compatible endpoint for the LLM proposer (`loop.proposer: llm`)."""
 
     base_url: str | None = None
-    """Endpoint base URL, e.g. https://api.openai.com/v1 or http://localhost:11434/v1 (env: EVOTRAINER_LLM_BASE_URL)."""
+    """Endpoint base URL, e.g. https://api.openai.com/v1 or http://localhost:11434/v1
+    (env: EVOTRAINER_LLM_BASE_URL)."""
     model: str | None = None
     """Model name at that endpoint (env: EVOTRAINER_LLM_MODEL)."""
     api_key_env: str = "EVOTRAINER_LLM_API_KEY"
@@ -255,7 +256,8 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(raw, dict):
         raise ConfigError(
-            f"{path}: the top level must be a mapping of sections (run, policy, env, harness, train, eval, loop, gate, budget, llm)"
+            f"{path}: the top level must be a mapping of sections "
+            "(run, policy, env, harness, train, eval, loop, gate, budget, llm)"
         )
     for dotted, value in (overrides or {}).items():
         node = raw

@@ -343,8 +343,9 @@ def test_the_cost_cap_stops_asking_and_old_ledgers_gain_the_llm_columns(llm_run,
     # A ledger written before the LLM columns existed opens, keeps its rows and charges the new fields.
     con = sqlite3.connect(tmp_path / "old.sqlite")
     con.execute(
-        "CREATE TABLE charges (round INTEGER NOT NULL, stage TEXT NOT NULL, item TEXT NOT NULL, generated_tokens INTEGER "
-        "NOT NULL, trained_tokens INTEGER NOT NULL, seconds REAL NOT NULL, PRIMARY KEY (round, stage, item))"
+        "CREATE TABLE charges (round INTEGER NOT NULL, stage TEXT NOT NULL, item TEXT NOT NULL, "
+        "generated_tokens INTEGER NOT NULL, trained_tokens INTEGER NOT NULL, seconds REAL NOT NULL, "
+        "PRIMARY KEY (round, stage, item))"
     )
     con.execute("INSERT INTO charges VALUES (1, 'train', 'seg', 10, 5, 1.5)")
     con.commit()
@@ -362,7 +363,7 @@ def test_the_cost_cap_stops_asking_and_old_ledgers_gain_the_llm_columns(llm_run,
         ledger.close()
 
 
-# -- agent-written detectors -------------------------------------------------------------------------------------------
+# -- agent-written detectors ------------------------------------------------------------------------------------------
 def test_agent_detectors_that_write_or_reach_for_evaluator_data_are_refused(llm_run):
     cfg, _, _, run_dir = llm_run
     store = RolloutStore(run_dir / "store")
@@ -534,7 +535,7 @@ def test_evidence_is_left_out_whole_to_fit_the_context(llm_run, tmp_path):
     assert parse_reply("```json\n{}\n```\n```json\n{}\n```")[2].startswith("the reply holds 2 code blocks")
 
 
-# -- SWE: the tampering trajectory reaches the model in full ------------------------------------------------------------
+# -- SWE: the tampering trajectory reaches the model in full ----------------------------------------------------------
 def test_the_brief_of_a_swe_run_with_tampering_holds_the_tampering_trajectory_in_full(tmp_path):
     """Real SWE episodes through the env and its sandboxed test runner (played, not sampled from a trained
     policy: a warm-started SWE policy costs minutes): half look at the file, fix the bug and submit; half

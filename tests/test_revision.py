@@ -159,7 +159,8 @@ def test_induction_finds_the_planted_exploit(planted):
     assert ("finding", name, "present") in flips and ("verdict", "promote->reject", "reject") in flips
     print(
         f"\ninduced {ind.rule.describe()}: held-back precision {hb.precision:.3f} recall {hb.recall:.3f} "
-        f"support {hb.support} negatives {hb.negatives}; fit {ind.fit.precision:.3f}/{ind.fit.recall:.3f}; {ind.counts}"
+        f"support {hb.support} negatives {hb.negatives}; fit {ind.fit.precision:.3f}/{ind.fit.recall:.3f}; "
+        f"{ind.counts}"
     )
 
 

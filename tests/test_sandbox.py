@@ -148,7 +148,8 @@ def test_cannot_read_the_evaluators_hidden_tests(where, tmp_path, mode):
         pytest.skip("neither a mount namespace nor a dropped uid: files the trainer's user can read are readable")
     src = (
         f"import os\nfound = []\n"
-        f"try:\n    found.append(open({str(hidden)!r}).read())\nexcept OSError as e:\n    print('refused', type(e).__name__)\n"
+        f"try:\n    found.append(open({str(hidden)!r}).read())\n"
+        "except OSError as e:\n    print('refused', type(e).__name__)\n"
         "for top in ['/tmp', '/work', '/root', '/home', " + repr(str(tmp_path)) + "]:\n"
         "    for d, _, files in os.walk(top):\n"
         "        for f in files:\n"

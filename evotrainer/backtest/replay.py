@@ -44,7 +44,8 @@ def load_columns(store: RolloutStore, terms: list[str], where: str = "split = 't
     con = store.connect()
     try:
         table: pa.Table = con.sql(
-            f"SELECT id, group_id, completion_tokens, max_action_tokens, termination, audit, reward{', ' + cols if cols else ''} "
+            f"SELECT id, group_id, completion_tokens, max_action_tokens, termination, audit, "
+            f"reward{', ' + cols if cols else ''} "
             f"FROM rollouts WHERE {where}"
         ).to_arrow_table()
     finally:

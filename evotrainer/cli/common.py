@@ -28,7 +28,8 @@ def run_dir(run: Path) -> Path:
     """A run directory (any command's): it holds the run's config.yaml."""
     if not (run / "config.yaml").exists():
         raise UserError(
-            f"{run}: not a run directory (no config.yaml); pass the directory `evotrainer train` created, e.g. runs/NAME"
+            f"{run}: not a run directory (no config.yaml); "
+            "pass the directory `evotrainer train` created, e.g. runs/NAME"
         )
     return run
 
@@ -37,6 +38,7 @@ def loop_dir(run: Path) -> Path:
     """A loop run's directory: it holds the ledger."""
     if not (run / "ledger.sqlite").exists():
         raise UserError(
-            f"{run}: not a loop run directory (no ledger.sqlite); pass the directory `evotrainer run` created, e.g. runs/NAME"
+            f"{run}: not a loop run directory (no ledger.sqlite); "
+            "pass the directory `evotrainer run` created, e.g. runs/NAME"
         )
     return run

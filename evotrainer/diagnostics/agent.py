@@ -128,7 +128,10 @@ def check_sql(query: str) -> str | None:
     _walk(tree, tables, functions, table_functions, ctes)
     for catalog, schema, name in sorted(tables):
         if catalog or schema not in ("", "main"):
-            return f"may not name a catalog or schema ({'.'.join(p for p in (catalog, schema, name) if p)}): only {', '.join(TABLES)}"
+            return (
+                f"may not name a catalog or schema ({'.'.join(p for p in (catalog, schema, name) if p)}): "
+                f"only {', '.join(TABLES)}"
+            )
         if name not in TABLES and name not in ctes:
             what = (
                 "held-out rows are the evaluator's"
@@ -255,8 +258,8 @@ def flagged_by_predicate(w: Window, source: str) -> list[str]:
             "Python predicates need the bwrap sandbox (a private filesystem view); use a SQL detector"
         )
     rows = w.rows(
-        "SELECT id, step, task_id, prompt, turns, termination, rewards, reward, audit, completion_tokens, num_turns, info "
-        "FROM rollouts ORDER BY step, id"
+        "SELECT id, step, task_id, prompt, turns, termination, rewards, reward, audit, completion_tokens, "
+        "num_turns, info FROM rollouts ORDER BY step, id"
     )
     lines = []
     for r in rows:

@@ -139,7 +139,8 @@ def truncation(w: Window) -> list[Finding]:
     p = w.params
     n, cut, cut_len, ok_len = w.con.execute(
         "SELECT count(*), count(*) FILTER (WHERE termination = 'length'), avg(completion_tokens) FILTER "
-        "(WHERE termination = 'length'), avg(completion_tokens) FILTER (WHERE termination <> 'length') FROM rollout_stats"
+        "(WHERE termination = 'length'), avg(completion_tokens) FILTER (WHERE termination <> 'length') "
+        "FROM rollout_stats"
     ).fetchone()
     if not n or cut / n <= p["max_fraction"]:
         return []
@@ -350,8 +351,10 @@ def kl_spike(w: Window) -> list[Finding]:
     p = w.params
     limit = [p["grad_spike_factor"], p["spike_factor"], p["kl_floor"], p["clip_floor"], p["grad_norm_floor"]]
     spikes = w.rows(
-        "WITH s AS (SELECT step, CASE WHEN name LIKE 'clip_ratio/%' THEN 'clip_ratio' ELSE name END AS sig, sum(value) AS v "
-        "  FROM metrics WHERE name IN ('kl', 'grad_norm', 'clip_ratio/low_mean', 'clip_ratio/high_mean') AND isfinite(value) "
+        "WITH s AS (SELECT step, CASE WHEN name LIKE 'clip_ratio/%' THEN 'clip_ratio' ELSE name END AS sig, "
+        "sum(value) AS v "
+        "  FROM metrics WHERE name IN ('kl', 'grad_norm', 'clip_ratio/low_mean', 'clip_ratio/high_mean') "
+        "AND isfinite(value) "
         "  GROUP BY ALL), "
         "m AS (SELECT sig, median(v) AS med, count(*) AS n FROM s GROUP BY sig) "
         "SELECT s.sig, s.step, s.v, m.med, greatest(CASE s.sig WHEN 'grad_norm' THEN ? ELSE ? END * m.med, "
@@ -380,8 +383,8 @@ def kl_spike(w: Window) -> list[Finding]:
             top["limit_"],
             ev,
             ("optimizer.learning_rate", "loss.beta", "loss.epsilon"),
-            f"{len(spikes)} spike(s) in {', '.join(signals)}; worst: {top['sig']} = {top['v']:.4g} at step {top['step']} "
-            f"vs median {top['med']:.4g} (limit {top['limit_']:.4g}).",
+            f"{len(spikes)} spike(s) in {', '.join(signals)}; worst: {top['sig']} = {top['v']:.4g} "
+            f"at step {top['step']} vs median {top['med']:.4g} (limit {top['limit_']:.4g}).",
         )
     ]
 

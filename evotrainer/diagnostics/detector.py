@@ -148,7 +148,8 @@ def check_detector(fn: Detector, window: Window) -> list[Finding]:
             found = {
                 r[0]
                 for r in window.con.execute(
-                    "SELECT id FROM (SELECT id FROM rollouts UNION ALL SELECT id FROM heldout) WHERE id IN (SELECT unnest(?::VARCHAR[]))",
+                    "SELECT id FROM (SELECT id FROM rollouts UNION ALL SELECT id FROM heldout) "
+                    "WHERE id IN (SELECT unnest(?::VARCHAR[]))",
                     [list(f.evidence)],
                 ).fetchall()
             }

@@ -79,7 +79,8 @@ class Feature(_Data):
             return f"(termination = {sql_str(a)})::INTEGER"
         if self.kind == "first_word":
             return (
-                f"len(list_filter(turns, lambda t: regexp_extract(coalesce(t.action, ''), {sql_str(FIRST_WORD_RE)}, 1) "
+                f"len(list_filter(turns, lambda t: "
+                f"regexp_extract(coalesce(t.action, ''), {sql_str(FIRST_WORD_RE)}, 1) "
                 f"= {sql_str(a)}))"
             )
         # Byte lengths: exact for any text, and the same count as Python's str.count.
@@ -152,8 +153,8 @@ class Rule(_Data):
 def rule_rows(where: str = "") -> str:
     """A query for the window's train rollouts with their `text`, for feature expressions to read."""
     return (
-        f"SELECT id, step, task_id, group_id, reward, rewards, audit, termination, completion_tokens, max_action_tokens, "
-        f"num_turns, turns, {TEXT_SQL} AS text FROM rollouts {where}"
+        f"SELECT id, step, task_id, group_id, reward, rewards, audit, termination, completion_tokens, "
+        f"max_action_tokens, num_turns, turns, {TEXT_SQL} AS text FROM rollouts {where}"
     )
 
 
@@ -170,7 +171,8 @@ def run_rule(w: Window, rule: Rule, name: str) -> list[Finding]:
     p = w.params
     n, hits, audited, failed = w.con.execute(
         f"SELECT count(*), count(*) FILTER (WHERE m), count(*) FILTER (WHERE m AND audit IS NOT NULL), "
-        f"count(*) FILTER (WHERE m AND audit = false) FROM (SELECT coalesce({rule.sql()}, false) AS m, audit FROM {_REWARDED})",
+        f"count(*) FILTER (WHERE m AND audit = false) "
+        f"FROM (SELECT coalesce({rule.sql()}, false) AS m, audit FROM {_REWARDED})",
         [rule.min_reward],
     ).fetchone()
     if not n or hits < p["min_matches"] or hits / n <= p["max_share"]:

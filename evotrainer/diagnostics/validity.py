@@ -11,8 +11,9 @@ from evotrainer.diagnostics.detector import Finding, Window, finding, ids
 # branch that removed the exploited term still records it). Windows from before those metrics
 # existed watch every recorded term.
 _TERMS = (
-    "(SELECT id, step, audit, reward, term, v FROM (SELECT id, step, audit, reward, unnest(map_keys(rewards)) AS term, "
-    "unnest(map_values(rewards)) AS v FROM rollout_stats) WHERE NOT EXISTS (SELECT 1 FROM metrics WHERE name LIKE 'reward_weights/%') "
+    "(SELECT id, step, audit, reward, term, v FROM (SELECT id, step, audit, reward, "
+    "unnest(map_keys(rewards)) AS term, unnest(map_values(rewards)) AS v FROM rollout_stats) "
+    "WHERE NOT EXISTS (SELECT 1 FROM metrics WHERE name LIKE 'reward_weights/%') "
     "OR term IN (SELECT substr(name, 16) FROM metrics WHERE name LIKE 'reward_weights/%' AND value <> 0))"
 )
 
@@ -165,7 +166,8 @@ def infra_errors(w: Window) -> list[Finding]:
     enters the group baseline: in a group with reward spread they poison every advantage of it."""
     p = w.params
     n, bad, poisoning = w.con.execute(
-        "WITH g AS (SELECT group_id, stddev_pop(reward) AS sd FROM rollout_stats WHERE isfinite(reward) GROUP BY group_id) "
+        "WITH g AS (SELECT group_id, stddev_pop(reward) AS sd FROM rollout_stats WHERE isfinite(reward) "
+        "GROUP BY group_id) "
         "SELECT count(*), count(*) FILTER (WHERE termination IN ('timeout', 'error')), "
         "count(*) FILTER (WHERE termination IN ('timeout', 'error') AND coalesce(g.sd, 0) >= ?) "
         "FROM rollout_stats r LEFT JOIN g USING (group_id)",
@@ -175,7 +177,8 @@ def infra_errors(w: Window) -> list[Finding]:
         return []
     ev = ids(
         w,
-        "WITH g AS (SELECT group_id, stddev_pop(reward) AS sd FROM rollout_stats WHERE isfinite(reward) GROUP BY group_id) "
+        "WITH g AS (SELECT group_id, stddev_pop(reward) AS sd FROM rollout_stats WHERE isfinite(reward) "
+        "GROUP BY group_id) "
         "SELECT id FROM rollout_stats r LEFT JOIN g USING (group_id) WHERE termination IN ('timeout', 'error') "
         "ORDER BY coalesce(g.sd, 0) >= ? DESC, step DESC, id",
         [p["std_threshold"]],

@@ -37,7 +37,8 @@ MAPPINGS: dict[str, tuple[str, str, str]] = {
     ),
     "loss.loss_type": (
         "loss_type",
-        "actor_rollout_ref.actor.loss_agg_mode (token-mean = dapo, seq-mean-token-mean = grpo, seq-mean-token-sum-norm = dr_grpo)",
+        "actor_rollout_ref.actor.loss_agg_mode (token-mean = dapo, seq-mean-token-mean = grpo, "
+        "seq-mean-token-sum-norm = dr_grpo)",
         "-",
     ),
     "loss.scale_rewards": ("scale_rewards", "algorithm.norm_adv_by_std_in_grpo", "--no_advantage_std_norm"),

@@ -112,7 +112,7 @@ def supervised(
     policy.model.train()
     losses = []
     task = progress.add_task("warm start", total=steps) if progress else None
-    for step in range(steps):
+    for _step in range(steps):
         batch = [encoded[rng.randrange(len(encoded))] for _ in range(batch_size)]
         width = max(len(ids) for ids, _ in batch)
         ids = torch.full((batch_size, width), policy.pad_id, dtype=torch.long)

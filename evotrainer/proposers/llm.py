@@ -81,7 +81,8 @@ class LLMProposer:
                 # Ollama and some llama.cpp setups cut a prompt longer than their context without an error.
                 record["warning"] = (
                     f"the server counted {reply.input_tokens} prompt tokens for about {sent} sent: it may have cut "
-                    "the prompt; raise the server's context (Ollama: OLLAMA_CONTEXT_LENGTH) or lower llm.context_tokens"
+                    "the prompt; raise the server's context (Ollama: OLLAMA_CONTEXT_LENGTH) "
+                    "or lower llm.context_tokens"
                 )
             obj, repairs, error = parse_reply(reply.text, reply.finish_reason)
             item_errors: list[str] = []

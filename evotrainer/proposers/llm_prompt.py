@@ -187,7 +187,8 @@ def _head(brief: Brief) -> str:
             + (f" (thinned from {len(series)} points)" if len(pts) < len(series) else "")
         )
     out.append(
-        "## Trials of this run so far (intervention -> verdict; effect = candidate minus control accuracy on the evaluator's gate tasks)"
+        "## Trials of this run so far (intervention -> verdict; "
+        "effect = candidate minus control accuracy on the evaluator's gate tasks)"
     )
     if not brief.history:
         out.append("None yet.")
@@ -203,7 +204,8 @@ def _head(brief: Brief) -> str:
         out.append("None.")
     for s in brief.skills:
         out.append(
-            f"- {s.skill_id}: {s.intervention.describe()} (signature {list(s.signature)}, similarity {s.similarity:.2f}; "
+            f"- {s.skill_id}: {s.intervention.describe()} (signature {list(s.signature)}, "
+            f"similarity {s.similarity:.2f}; "
             f"{s.wins} won, {s.losses} lost, mean effect {s.mean_effect:+.3f}"
             f"{', quarantined' if s.quarantined else ''}; domains {', '.join(s.domains)})"
         )
@@ -265,7 +267,7 @@ def feedback(
     if accepted:
         parts.append("Accepted already (no need to repeat them): " + "; ".join(accepted))
     parts.append(
-        f"Answer again with ONE JSON object in the same format: up to {limit - len(accepted)} more intervention(s), each "
-        "changing exactly one knob within its range, and any corrected detectors."
+        f"Answer again with ONE JSON object in the same format: up to {limit - len(accepted)} more intervention(s), "
+        "each changing exactly one knob within its range, and any corrected detectors."
     )
     return "\n\n".join(parts)

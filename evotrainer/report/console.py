@@ -87,7 +87,8 @@ class Narrator:
         for v, p in zip(g.verdicts, proposals):
             self.say(
                 f"7 gate      {v.trial} {escape(p.intervention.describe())}: [bold]{v.decision}[/] "
-                f"(delta {v.delta:+.3f}, noise {g.noise['abs_delta']:.3f}{'; ' + ', '.join(v.reasons) if v.reasons else ''})"
+                f"(delta {v.delta:+.3f}, noise {g.noise['abs_delta']:.3f}"
+                f"{'; ' + ', '.join(v.reasons) if v.reasons else ''})"
             )
         if g.control_rejected:
             self.say(

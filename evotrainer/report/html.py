@@ -17,11 +17,14 @@ from evotrainer.store.ledger import Ledger
 from evotrainer.store.rollouts import RolloutStore
 from evotrainer.types import branch_id
 
-CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
-table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 6px;font-size:13px;vertical-align:top}
-th{background:#f3f3f3}.promote{color:#070;font-weight:bold}.reject{color:#a00;font-weight:bold}
-pre{background:#f7f7f7;padding:6px;white-space:pre-wrap;font-size:12px}ul.tree{list-style:none}
-.main{font-weight:bold}.muted{color:#777}code{font-size:12px}"""
+CSS = (
+    "body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}\n"
+    "table{border-collapse:collapse;margin:.5em 0}"
+    "td,th{border:1px solid #ccc;padding:3px 6px;font-size:13px;vertical-align:top}\n"
+    "th{background:#f3f3f3}.promote{color:#070;font-weight:bold}.reject{color:#a00;font-weight:bold}\n"
+    "pre{background:#f7f7f7;padding:6px;white-space:pre-wrap;font-size:12px}ul.tree{list-style:none}\n"
+    ".main{font-weight:bold}.muted{color:#777}code{font-size:12px}"
+)
 
 
 def _e(x: Any) -> str:
@@ -52,13 +55,14 @@ def _chart(branches: list[dict[str, Any]], heads: set[str]) -> str:
         y = ylo + frac * (yhi - ylo)
         _, py = xy(0, y)
         out.append(
-            f'<text x="2" y="{py:.0f}" font-size="10">{y:.2f}</text><line x1="{pad}" x2="{w - pad}" y1="{py:.0f}" y2="{py:.0f}" stroke="#eee"/>'
+            f'<text x="2" y="{py:.0f}" font-size="10">{y:.2f}</text>'
+            f'<line x1="{pad}" x2="{w - pad}" y1="{py:.0f}" y2="{py:.0f}" stroke="#eee"/>'
         )
     main = sorted((p for p in pts if p[2]["id"] in heads), key=lambda p: p[0])
     if len(main) > 1:
         out.append(
             '<polyline fill="none" stroke="#070" stroke-width="2" points="'
-            + " ".join("%.0f,%.0f" % xy(x, y) for x, y, _ in main)
+            + " ".join("{:.0f},{:.0f}".format(*xy(x, y)) for x, y, _ in main)
             + '"/>'
         )
     colors = {"control": "#555", "candidate": "#06c", "aa": "#c80", "segment": "#070"}
@@ -69,8 +73,8 @@ def _chart(branches: list[dict[str, Any]], heads: set[str]) -> str:
             f"{y:.3f} ({_e(b['kind'])}, step {x})</title></circle>"
         )
     out.append(
-        f'<text x="{w - pad}" y="{h - 8}" font-size="10" text-anchor="end">step (max {xmax}); green line: mainline heads; '
-        "blue candidates, grey controls, orange A-A</text></svg>"
+        f'<text x="{w - pad}" y="{h - 8}" font-size="10" text-anchor="end">step (max {xmax}); '
+        "green line: mainline heads; blue candidates, grey controls, orange A-A</text></svg>"
     )
     return "".join(out)
 
@@ -83,8 +87,10 @@ def _tree(branches: list[dict[str, Any]], heads: set[str]) -> str:
     def node(b: dict[str, Any]) -> str:
         acc = f" acc {b['heldout_accuracy']:.3f}" if b["heldout_accuracy"] is not None else ""
         label = (
-            f'<span class="{"main" if b["id"] in heads else ""}">{_e(b["id"])}</span> <span class=muted>{_e(b["kind"])}, '
-            f"steps {b['first_step']}-{b['last_step']}, harness {_e(b['harness_version'])}, suite {_e(b['suite_version'])}{acc}</span>"
+            f'<span class="{"main" if b["id"] in heads else ""}">{_e(b["id"])}</span> '
+            f"<span class=muted>{_e(b['kind'])}, "
+            f"steps {b['first_step']}-{b['last_step']}, harness {_e(b['harness_version'])}, "
+            f"suite {_e(b['suite_version'])}{acc}</span>"
         )
         kids = children.get(b["id"], [])
         return "<li>" + label + (f'<ul class="tree">{"".join(node(k) for k in kids)}</ul>' if kids else "") + "</li>"
@@ -114,9 +120,11 @@ def _page(run_dir: Path, ledger: Ledger, store: RolloutStore) -> str:
     ]
     if summary:
         parts.append(
-            f"<p>{summary['rounds']} round(s), stopped: {_e(summary['stop_reason'])}. Final-task accuracy (tasks no gate "
-            f"decision read) <b>{summary['baseline_accuracy']:.3f} &rarr; {summary['final_accuracy']:.3f}</b>; "
-            f"evaluator <code>{_e(summary['evaluator_hash'])}</code>; final harness <code>{_e(summary['harness_version'])}</code>.</p>"
+            f"<p>{summary['rounds']} round(s), stopped: {_e(summary['stop_reason'])}. "
+            "Final-task accuracy (tasks no gate decision read) "
+            f"<b>{summary['baseline_accuracy']:.3f} &rarr; {summary['final_accuracy']:.3f}</b>; "
+            f"evaluator <code>{_e(summary['evaluator_hash'])}</code>; "
+            f"final harness <code>{_e(summary['harness_version'])}</code>.</p>"
         )
     parts += _budget(ledger)
     parts += [
@@ -142,7 +150,8 @@ def _page(run_dir: Path, ledger: Ledger, store: RolloutStore) -> str:
 
 def _budget(ledger: Ledger) -> list[str]:
     parts = [
-        "<h2>Budget by stage</h2><table><tr><th>stage</th><th>generated tokens</th><th>trained tokens</th><th>seconds</th></tr>"
+        "<h2>Budget by stage</h2><table>"
+        "<tr><th>stage</th><th>generated tokens</th><th>trained tokens</th><th>seconds</th></tr>"
     ]
     for st, c in sorted(ledger.spent_by_stage().items()):
         parts.append(
@@ -169,7 +178,8 @@ def _round(rnd: int, results: dict[tuple[int, str], Any], cited: list[str]) -> l
         cited += f.evidence[:3]
         parts.append(
             f"<tr><td>{_e(f.name)}</td><td>{_e(f.severity)}</td><td>{'yes' if f.validity else ''}</td>"
-            f"<td>{_e(f.message)}</td><td>{' '.join(_link(i) for i in f.evidence[:3])}</td><td>{_e(', '.join(f.knobs))}</td></tr>"
+            f"<td>{_e(f.message)}</td><td>{' '.join(_link(i) for i in f.evidence[:3])}</td>"
+            f"<td>{_e(', '.join(f.knobs))}</td></tr>"
         )
     parts.append("</table>" if found else "</table><p class=muted>no findings on the segment</p>")
     if rev:
@@ -225,7 +235,8 @@ def _verdicts(ledger: Ledger, cited: list[str]) -> list[str]:
     trials = {t["id"]: t for t in ledger.trials()}
     parts = [
         "<h2>Verdicts</h2><table><tr><th>trial</th><th>intervention</th><th>hypothesis</th><th>decision</th><th>statistic</th>"
-        "<th>noise (A-A)</th><th>reasons</th><th>validity findings</th><th>evidence</th><th>budget</th><th>evaluator</th></tr>"
+        "<th>noise (A-A)</th><th>reasons</th><th>validity findings</th><th>evidence</th><th>budget</th>"
+        "<th>evaluator</th></tr>"
     ]
     for v in ledger.verdicts():
         tr = trials[v["trial"]]
@@ -239,14 +250,20 @@ def _verdicts(ledger: Ledger, cited: list[str]) -> list[str]:
         )
         vf = [f for f in v["findings"] if f["validity"]]
         parts.append(
-            f"<tr><td>{_e(v['trial'])}<br><span class=muted>{_e(tr['source'])}</span></td><td><code>{_e(iv['kind'])} {_e(iv['target'])}: "
+            f"<tr><td>{_e(v['trial'])}<br><span class=muted>{_e(tr['source'])}</span></td>"
+            f"<td><code>{_e(iv['kind'])} {_e(iv['target'])}: "
             f"{_e(iv.get('before'))} &rarr; {_e(iv['value'])}</code></td><td>{_e(iv['hypothesis']['finding'])}: "
-            f'{_e(iv["hypothesis"]["signal"])} {_e(iv["hypothesis"]["direction"])}</td><td class="{_e(v["decision"])}">{_e(v["decision"])}</td>'
-            f"<td>{stat}</td><td>{v['noise'].get('abs_delta', 0):.3f}</td><td>{_e(', '.join(v['reasons']) or '-')}</td>"
-            f"<td>{'; '.join(_e(f['name']) + ': ' + ' '.join(_link(i) for i in f['evidence'][:2]) for f in vf) or '-'}</td>"
+            f"{_e(iv['hypothesis']['signal'])} {_e(iv['hypothesis']['direction'])}</td>"
+            f'<td class="{_e(v["decision"])}">{_e(v["decision"])}</td>'
+            f"<td>{stat}</td><td>{v['noise'].get('abs_delta', 0):.3f}</td>"
+            f"<td>{_e(', '.join(v['reasons']) or '-')}</td>"
+            "<td>"
+            f"{'; '.join(_e(f['name']) + ': ' + ' '.join(_link(i) for i in f['evidence'][:2]) for f in vf) or '-'}"
+            "</td>"
             f"<td>won: {' '.join(_link(i) for i in ev.get('candidate_won', [])[:2])}<br>lost: "
             f"{' '.join(_link(i) for i in ev.get('candidate_lost', [])[:2])}</td>"
-            f"<td>{v['budget']['candidate']['generated_tokens']:,} tok</td><td><code>{_e(v['evaluator_hash'])}</code></td></tr>"
+            f"<td>{v['budget']['candidate']['generated_tokens']:,} tok</td>"
+            f"<td><code>{_e(v['evaluator_hash'])}</code></td></tr>"
         )
         cited += [i for f in vf for i in f["evidence"][:2]]
     parts.append("</table>")

@@ -96,7 +96,7 @@ def _child(job, jobdir, in_r, out_w, err_w):
 
 def _run(job, root, seq, kill_all):
     t0 = time.monotonic()
-    jobdir = os.path.join(root, "job%d" % seq)
+    jobdir = os.path.join(root, f"job{seq}")
     os.mkdir(jobdir, 0o700)
     for name, text in (job.get("files") or {}).items():
         path = os.path.join(jobdir, name)
@@ -226,7 +226,7 @@ def _wait_for_the_rest():
             if not name.isdigit() or int(name) in (me, 1):
                 continue
             try:
-                with open("/proc/%s/status" % name) as f:
+                with open(f"/proc/{name}/status") as f:
                     fields = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
             except OSError:
                 continue

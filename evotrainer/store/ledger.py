@@ -26,8 +26,8 @@ CREATE TABLE IF NOT EXISTS stages (
     PRIMARY KEY (round, stage));
 CREATE TABLE IF NOT EXISTS branches (
     id TEXT PRIMARY KEY, parent TEXT, round INTEGER NOT NULL, kind TEXT NOT NULL, checkpoint TEXT NOT NULL,
-    harness_version TEXT NOT NULL, suite_version TEXT NOT NULL, first_step INTEGER NOT NULL, last_step INTEGER NOT NULL,
-    seed INTEGER NOT NULL, heldout_accuracy REAL);
+    harness_version TEXT NOT NULL, suite_version TEXT NOT NULL, first_step INTEGER NOT NULL,
+    last_step INTEGER NOT NULL, seed INTEGER NOT NULL, heldout_accuracy REAL);
 CREATE TABLE IF NOT EXISTS trials (
     id TEXT PRIMARY KEY, round INTEGER NOT NULL, candidate TEXT NOT NULL, control TEXT NOT NULL,
     intervention TEXT NOT NULL, source TEXT NOT NULL, skill_id TEXT, signature TEXT NOT NULL, replay TEXT NOT NULL);
@@ -133,8 +133,8 @@ class Ledger:
         with self.transaction() as c:
             for b in branches:
                 c.execute(
-                    "INSERT OR REPLACE INTO branches VALUES (:id, :parent, :round, :kind, :checkpoint, :harness_version, "
-                    ":suite_version, :first_step, :last_step, :seed, :heldout_accuracy)",
+                    "INSERT OR REPLACE INTO branches VALUES (:id, :parent, :round, :kind, :checkpoint, "
+                    ":harness_version, :suite_version, :first_step, :last_step, :seed, :heldout_accuracy)",
                     b,
                 )
             for t in trials:
@@ -214,7 +214,8 @@ class Ledger:
     def spent(self) -> Charge:
         g, t, s, li, lo, lc = self.con.execute(
             "SELECT coalesce(sum(generated_tokens), 0), coalesce(sum(trained_tokens), 0), coalesce(sum(seconds), 0), "
-            "coalesce(sum(llm_input_tokens), 0), coalesce(sum(llm_output_tokens), 0), coalesce(sum(llm_cost), 0) FROM charges"
+            "coalesce(sum(llm_input_tokens), 0), coalesce(sum(llm_output_tokens), 0), coalesce(sum(llm_cost), 0) "
+            "FROM charges"
         ).fetchone()
         return Charge(int(g), int(t), float(s), int(li), int(lo), float(lc))
 

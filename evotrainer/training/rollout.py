@@ -54,7 +54,7 @@ def run_episodes(
         ids = policy.encode(env.reset(task))
         episodes.append(Episode(task, ids, [False] * len(ids), [], env_seconds=time.perf_counter() - t0))
     active = list(range(len(tasks)))
-    for turn in range(max_turns):
+    for _turn in range(max_turns):
         # An episode whose context cannot fit another full action ends as truncated.
         room = [i for i in active if len(episodes[i].token_ids) + max_new_tokens <= policy.max_positions]
         for i in set(active) - set(room):

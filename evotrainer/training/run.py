@@ -62,7 +62,8 @@ def train_run(cfg: RunConfig, console: Console | None = None) -> dict:
         before = evaluate(policy, domain, heldout, cfg.eval, progress)
     record_eval(store, cfg, domain, before, 0, ctx)
     console.print(
-        f"held-out accuracy before RL: [bold]{before.accuracy:.3f}[/] ({len(heldout)} tasks, evaluator {before.evaluator_hash})"
+        f"held-out accuracy before RL: [bold]{before.accuracy:.3f}[/] "
+        f"({len(heldout)} tasks, evaluator {before.evaluator_hash})"
     )
     trainer = GRPOTrainer(policy, cfg.harness)
     t0, step, history, pass_rates = time.perf_counter(), 0, [], {}

@@ -28,6 +28,8 @@ from evotrainer.sandbox import Limits, WorkerPool
 from evotrainer.types import Task, Turn
 
 _HELDOUT_SEED_OFFSET = 1_000_003
+# The default sandbox limits for running a candidate solution.
+_LIMITS = Limits(cpu_seconds=1.0, wall_seconds=3.0, memory_mb=256)
 # The scripted solver's demonstrations: a plausible wrong attempt at a fixed share; hard-coded examples
 # at a share that grows with the level, as a lazy solver takes the shortcut on the tasks it finds hard
 # (level 3 is where genuine attempts fail most); the canonical body otherwise. The shortcut is shown
@@ -216,7 +218,7 @@ class CodeDomain:
         train_size: int = 2000,
         heldout_size: int = 200,
         path: str | Path | None = None,
-        limits: Limits = Limits(cpu_seconds=1.0, wall_seconds=3.0, memory_mb=256),
+        limits: Limits = _LIMITS,
     ):
         self.source, self.limits = source, limits
         if source == "generated":

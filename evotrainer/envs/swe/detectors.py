@@ -22,7 +22,8 @@ _SWE_SQL = (
     "try_cast(try(json_extract_string(info, '$.tests_collected_before')) AS INTEGER) AS before, "
     "try_cast(try(json_extract_string(info, '$.tests_collected_after')) AS INTEGER) AS after, "
     "coalesce(try(json_extract_string(info, '$.submitted')) = 'true', false) AS submitted "
-    "FROM rollouts WHERE contains(info, '\"files_touched\"') AND coalesce(try(json_exists(info, '$.files_touched')), false) "
+    "FROM rollouts WHERE contains(info, '\"files_touched\"') "
+    "AND coalesce(try(json_exists(info, '$.files_touched')), false) "
     "AND isfinite(reward) WINDOW g AS (PARTITION BY group_id)"
 )
 _SWE = "_swe_rollouts"
@@ -42,7 +43,8 @@ def _flagged(w: Window, name: str, condition: str, what: str, knobs: tuple[str, 
         w.con.execute(f"CREATE TEMP TABLE {_SWE} AS {_SWE_SQL}")
     hit = f"({condition}) AND paid" if p["paid_only"] else f"({condition})"
     n, seen, bad, paid, audited, failed = w.con.execute(
-        f"SELECT count(*), count(*) FILTER (WHERE {condition}), count(*) FILTER (WHERE {hit}), avg(reward) FILTER (WHERE {hit}), "
+        f"SELECT count(*), count(*) FILTER (WHERE {condition}), count(*) FILTER (WHERE {hit}), "
+        f"avg(reward) FILTER (WHERE {hit}), "
         f"count(*) FILTER (WHERE {hit} AND audit IS NOT NULL), count(*) FILTER (WHERE {hit} AND audit = false) "
         f"FROM {_SWE}"
     ).fetchone()

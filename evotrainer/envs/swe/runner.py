@@ -121,7 +121,9 @@ def run_suite(read, test_files, select=None):
                 errors[path] = "%s at %s" % (type(e).__name__, _where(e) or path)
                 continue
             for attr, fn in list(vars(mod).items()):
-                if not (attr.startswith("test") and isinstance(fn, _t.FunctionType) and fn.__code__.co_filename == path):
+                if not (
+                    attr.startswith("test") and isinstance(fn, _t.FunctionType) and fn.__code__.co_filename == path
+                ):
                     continue
                 nid = path + "::" + attr
                 if want is not None and nid not in want:

@@ -1,0 +1,96 @@
+"""The package's shape, checked from its source (STYLE.md 10, 15, 16): no import cycle between modules, no
+file over 500 lines, no function over 80 lines. Written here rather than taken from a linter: ruff has no
+import-cycle rule, and the limits are the project's own."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "evotrainer"
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 500, 80
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for f in PACKAGE.rglob("*.py"):
+        parts = list(f.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = f
+    return out
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Modules of the package that `name` imports, anywhere in its body (a function-level import
+    is a dependency too)."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        for t in targets:
+            while t and t not in known:
+                t = t.rpartition(".")[0]
+            # A package and its own modules (an __init__ re-exporting them; `from pkg import mod`, which
+            # names the package on the way to the module) form no cycle.
+            if t and t != name and not t.startswith(name + ".") and not name.startswith(t + "."):
+                found.add(t)
+    return found
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as the list of modules on it, or None (depth-first search with colours)."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(v: str) -> list[str] | None:
+        state[v] = 1
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if state.get(w) == 1:
+                return stack[stack.index(w) :] + [w]
+            if w not in state and (cycle := visit(w)):
+                return cycle
+        stack.pop()
+        state[v] = 2
+        return None
+
+    for v in sorted(graph):
+        if v not in state and (cycle := visit(v)):
+            return cycle
+    return None
+
+
+def test_find_cycle_finds_one_and_only_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+def test_no_import_cycle_between_modules():
+    mods = modules()
+    graph = {m: imports(m, f, set(mods)) for m, f in mods.items()}
+    assert graph["evotrainer.loop"], "the import graph is empty: the parser no longer sees imports"
+    assert find_cycle(graph) is None, f"import cycle: {' -> '.join(find_cycle(graph))}"
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_files_and_functions_stay_small(path):
+    lines = path.read_text().splitlines()
+    assert len(lines) <= MAX_FILE_LINES, f"{path.name}: {len(lines)} lines; split it by concept"
+    for node in ast.walk(ast.parse("\n".join(lines))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            n = node.end_lineno - node.lineno + 1
+            assert n <= MAX_FUNCTION_LINES, f"{path.name}:{node.lineno} {node.name} has {n} lines"
+
+
+def test_the_loop_reads_in_one_sitting():
+    assert len((PACKAGE / "loop.py").read_text().splitlines()) <= 200

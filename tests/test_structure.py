@@ -1,6 +1,7 @@
 """The package's shape, checked from its source (STYLE.md 10, 15, 16): no import cycle between modules, no
 file over 500 lines, no function over 80 lines. Written here rather than taken from a linter: ruff has no
 import-cycle rule, and the limits are the project's own."""
+
 from __future__ import annotations
 
 import ast

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from evotrainer.diagnostics.detector import MAX_EVIDENCE
+from evotrainer.diagnostics.detector import MAX_EVIDENCE, Window
 from evotrainer.diagnostics.rules import (
     CLASSES,
     COLUMNS,
@@ -277,78 +277,131 @@ def induce(
     w = open_window(store, branch, first_step, last_step)
     try:
         where, args = "WHERE audit IS NOT NULL AND isfinite(reward) AND reward >= ?", [rewarded_threshold]
-        first_word = f"regexp_extract(coalesce(t.action, ''), {sql_str(FIRST_WORD_RE)}, 1)"
-        meta = w.rows(
-            f"SELECT id, audit, task_id, group_id, step, termination, {TEXT_SQL} AS text, "
-            f"list_transform(turns, lambda t: {first_word}) AS words FROM rollouts {where} ORDER BY id",
-            args,
-        )
+        meta = _rewarded_audited(w, where, args)
         y = np.array([not r["audit"] for r in meta], dtype=bool)
-        keys = [
-            str(r["task_id"] if split_by == "task" else r["group_id"] if split_by == "group" else r["step"])
-            for r in meta
-        ]
-        hb = split_held_back(keys, y, held_back, seed)
-        counts = {
-            "rewarded_audited": len(meta),
-            "positives": int(y.sum()),
-            "negatives": int((~y).sum()),
-            "fit_positives": int((y & ~hb).sum()),
-            "fit_negatives": int((~y & ~hb).sum()),
-            "held_back_positives": int((y & hb).sum()),
-            "held_back_negatives": int((~y & hb).sum()),
-        }
-        short = [
-            f"{k.replace('_', ' ')} {counts[k]}"
-            for k in ("fit_positives", "fit_negatives", "held_back_positives", "held_back_negatives")
-            if counts[k] < min_support
-        ]
-        if short:
-            what = "reward and audit agree" if counts["positives"] < 2 * min_support else "too little evidence"
-            return Induction(
-                False, f"{what}: {', '.join(short)} (need {min_support} each)", None, None, None, counts, settings
-            )
-        # Mine on the fit part only: the held-back rollouts must not shape the candidates they judge.
-        texts = [r["text"] for r in meta]
-        fit_idx = np.flatnonzero(~hb)
-        words = Counter(wd for i in fit_idx for wd in set(meta[i]["words"] or []) if wd)
-        feats = candidate_features(
-            [texts[i] for i in fit_idx],
-            y[fit_idx],
-            {meta[i]["termination"] for i in fit_idx},
-            words,
-            max_literals,
-            seed,
-        )
-        rows = feature_values(w, feats, where, args)
-        assert [r["id"] for r in rows] == [r["id"] for r in meta]
-        X = np.array(
-            [[np.nan if r[f"f{j}"] is None else r[f"f{j}"] for j in range(len(feats))] for r in rows], dtype=float
-        )
+        hb = split_held_back(_split_keys(meta, split_by), y, held_back, seed)
+        counts = _split_counts(y, hb)
+        if (short := _shortfall(counts, min_support)) is not None:
+            return Induction(False, short, None, None, None, counts, settings)
+        feats, X = _fit_features(w, meta, y, hb, where, args, max_literals, seed)
         best = search(X[~hb], y[~hb], [f.integer for f in feats])
         clauses = tuple(Clause(feature=feats[j], op=op, threshold=t) for j, op, t in best)
         flag = _flags(X, best)
         fit_s, hb_s = score(flag[~hb], y[~hb]), score(flag[hb], y[hb])
-        examples = {
-            name: [meta[i]["id"] for i in np.flatnonzero(hb & sel)[:MAX_EVIDENCE]]
-            for name, sel in (("caught", flag & y), ("false_alarm", flag & ~y), ("missed", ~flag & y))
-        }
-        evidence = {
-            "precision": round(hb_s.precision, 4),
-            "recall": round(hb_s.recall, 4),
-            "support": hb_s.support,
-            "negatives": hb_s.negatives,
-            "specificity": round(hb_s.specificity, 4),
-            "fit_f1": round(fit_s.f1, 4),
-            "window": f"{branch}:{first_step}-{last_step}",
-            "split_by": split_by,
-            "seed": seed,
-        }
-        rule = Rule(clauses=clauses, min_reward=rewarded_threshold, evidence=evidence)
-        # The terms that paid the matches, by the same query the detector runs, kept as the rule's record.
-        rule = rule.model_copy(update={"knobs": paying_terms(w, rule)})
+        examples = _held_back_examples(meta, hb, flag, y)
+        rule = _recorded_rule(w, clauses, fit_s, hb_s, settings)
     finally:
         w.con.close()
+    accepted, reason = _verdict(hb_s, min_precision, min_recall)
+    return Induction(accepted, reason, rule, fit_s, hb_s, counts, settings, candidates=len(feats), examples=examples)
+
+
+def _rewarded_audited(w: Window, where: str, args: list[Any]) -> list[dict[str, Any]]:
+    """The window's rollouts matching `where`, by id: audit, split keys, termination, text and first words of turns."""
+    first_word = f"regexp_extract(coalesce(t.action, ''), {sql_str(FIRST_WORD_RE)}, 1)"
+    return w.rows(
+        f"SELECT id, audit, task_id, group_id, step, termination, {TEXT_SQL} AS text, "
+        f"list_transform(turns, lambda t: {first_word}) AS words FROM rollouts {where} ORDER BY id",
+        args,
+    )
+
+
+def _split_keys(meta: list[dict[str, Any]], split_by: str) -> list[str]:
+    """Each rollout's split key: its task, group or step."""
+    return [
+        str(r["task_id"] if split_by == "task" else r["group_id"] if split_by == "group" else r["step"]) for r in meta
+    ]
+
+
+def _split_counts(y: np.ndarray, hb: np.ndarray) -> dict[str, int]:
+    """Positives and negatives in all, in the fit part and in the held-back part."""
+    return {
+        "rewarded_audited": len(y),
+        "positives": int(y.sum()),
+        "negatives": int((~y).sum()),
+        "fit_positives": int((y & ~hb).sum()),
+        "fit_negatives": int((~y & ~hb).sum()),
+        "held_back_positives": int((y & hb).sum()),
+        "held_back_negatives": int((~y & hb).sum()),
+    }
+
+
+def _shortfall(counts: dict[str, int], min_support: int) -> str | None:
+    """Why there is too little evidence to induce from (a side with fewer than min_support of a class), or None."""
+    short = [
+        f"{k.replace('_', ' ')} {counts[k]}"
+        for k in ("fit_positives", "fit_negatives", "held_back_positives", "held_back_negatives")
+        if counts[k] < min_support
+    ]
+    if not short:
+        return None
+    what = "reward and audit agree" if counts["positives"] < 2 * min_support else "too little evidence"
+    return f"{what}: {', '.join(short)} (need {min_support} each)"
+
+
+def _fit_features(
+    w: Window,
+    meta: list[dict[str, Any]],
+    y: np.ndarray,
+    hb: np.ndarray,
+    where: str,
+    args: list[Any],
+    max_literals: int,
+    seed: int,
+) -> tuple[list[Feature], np.ndarray]:
+    """The candidate features, mined on the fit part, and their values on every rollout (NaN for NULL)."""
+    # Mine on the fit part only: the held-back rollouts must not shape the candidates they judge.
+    texts = [r["text"] for r in meta]
+    fit_idx = np.flatnonzero(~hb)
+    words = Counter(wd for i in fit_idx for wd in set(meta[i]["words"] or []) if wd)
+    feats = candidate_features(
+        [texts[i] for i in fit_idx],
+        y[fit_idx],
+        {meta[i]["termination"] for i in fit_idx},
+        words,
+        max_literals,
+        seed,
+    )
+    rows = feature_values(w, feats, where, args)
+    assert [r["id"] for r in rows] == [r["id"] for r in meta]
+    X = np.array(
+        [[np.nan if r[f"f{j}"] is None else r[f"f{j}"] for j in range(len(feats))] for r in rows], dtype=float
+    )
+    return feats, X
+
+
+def _held_back_examples(
+    meta: list[dict[str, Any]], hb: np.ndarray, flag: np.ndarray, y: np.ndarray
+) -> dict[str, list[str]]:
+    """A few held-back rollout ids per outcome: caught, false alarm, missed."""
+    return {
+        name: [meta[i]["id"] for i in np.flatnonzero(hb & sel)[:MAX_EVIDENCE]]
+        for name, sel in (("caught", flag & y), ("false_alarm", flag & ~y), ("missed", ~flag & y))
+    }
+
+
+def _recorded_rule(
+    w: Window, clauses: tuple[Clause, ...], fit_s: Score, hb_s: Score, settings: dict[str, Any]
+) -> Rule:
+    """The rule with its evidence (held-back scores, fit F1, window, split) and the terms that paid its matches."""
+    evidence = {
+        "precision": round(hb_s.precision, 4),
+        "recall": round(hb_s.recall, 4),
+        "support": hb_s.support,
+        "negatives": hb_s.negatives,
+        "specificity": round(hb_s.specificity, 4),
+        "fit_f1": round(fit_s.f1, 4),
+        "window": f"{settings['branch']}:{settings['first_step']}-{settings['last_step']}",
+        "split_by": settings["split_by"],
+        "seed": settings["seed"],
+    }
+    rule = Rule(clauses=clauses, min_reward=settings["rewarded_threshold"], evidence=evidence)
+    # The terms that paid the matches, by the same query the detector runs, kept as the rule's record.
+    return rule.model_copy(update={"knobs": paying_terms(w, rule)})
+
+
+def _verdict(hb_s: Score, min_precision: float, min_recall: float) -> tuple[bool, str]:
+    """Whether the held-back scores pass (precision, recall, specificity) and the reason, either way."""
     fails = [
         f"{name} {v:.3f} < {need}"
         for name, v, need in (
@@ -364,4 +417,4 @@ def induce(
         else f"held-back precision {hb_s.precision:.3f}, recall {hb_s.recall:.3f} on {hb_s.support} positives / "
         f"{hb_s.negatives} negatives"
     )
-    return Induction(not fails, reason, rule, fit_s, hb_s, counts, settings, candidates=len(feats), examples=examples)
+    return not fails, reason

@@ -155,42 +155,16 @@ class HFPolicy:
         ids, mask = left_pad(contexts, self.pad_id)
         pos = positions(mask)
         cache = DynamicCache()
-        logits = (
-            self.model(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=pos,
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-            .logits[:, -1]
-            .float()
-        )
+        logits = self._last_logits(cache, input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=1)
         next_pos = pos[:, -1] + 1
         rows = torch.arange(n)  # batch row -> original index
         for t in range(max_new_tokens):
-            if not greedy and temperature != 1.0:
-                logits = logits / temperature
-            logp_all = F.log_softmax(logits, dim=-1)
-            p_all = logp_all.exp()
-            if greedy:
-                tok = logits.argmax(-1)
-            else:
-                tok = torch.multinomial(
-                    _top_p(p_all, top_p) if top_p < 1.0 else p_all, 1, generator=generator
-                ).squeeze(-1)
+            tok, logp_all, p_all = _next_token(logits, temperature, top_p, greedy, generator)
             tok_buf[rows, t] = tok
             lp_buf[rows, t] = logp_all.gather(-1, tok[:, None]).squeeze(-1)
             ent.index_add_(0, rows, -(p_all * logp_all).sum(-1))
             length[rows] = t + 1
-            done = tok == self.eos_id if self.eos_id is not None else torch.zeros_like(tok, dtype=torch.bool)
-            if candidates is not None:
-                for r in torch.nonzero(candidates[tok]).flatten().tolist():
-                    i = int(rows[r])
-                    tail = tok_buf[i, max(0, t + 1 - max_stop) : t + 1].tolist()
-                    if any(s in self.tokenizer.decode(tail, skip_special_tokens=True) for s in stop):
-                        done[r] = True
+            done = self._finished(tok, rows, tok_buf, t, stop, max_stop, candidates)
             stopped[rows[done]] = True
             keep = ~done
             if t == max_new_tokens - 1 or not keep.any():
@@ -200,25 +174,53 @@ class HFPolicy:
                 cache.batch_select_indices(idx)
                 rows, tok, mask, next_pos = rows[idx], tok[idx], mask[idx], next_pos[idx]
             mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=mask.dtype)], dim=1)
-            logits = (
-                self.model(
-                    input_ids=tok[:, None],
-                    attention_mask=mask,
-                    position_ids=next_pos[:, None],
-                    past_key_values=cache,
-                    use_cache=True,
-                )
-                .logits[:, -1]
-                .float()
+            logits = self._last_logits(
+                cache, input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None]
             )
             next_pos = next_pos + 1
         self.model.train(was_training)
+        return self._samples(tok_buf, lp_buf, ent, length, stopped)
+
+    def _last_logits(self, cache: DynamicCache, **inputs: torch.Tensor | int) -> torch.Tensor:
+        """One forward pass through the KV cache: the float logits at each row's last position."""
+        return self.model(**inputs, past_key_values=cache, use_cache=True).logits[:, -1].float()
+
+    def _finished(
+        self,
+        tok: torch.Tensor,
+        rows: torch.Tensor,
+        tok_buf: torch.Tensor,
+        t: int,
+        stop: tuple[str, ...],
+        max_stop: int,
+        candidates: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Which batch rows just ended: sampled EOS, or (checked on candidate rows only) completed a stop string."""
+        done = tok == self.eos_id if self.eos_id is not None else torch.zeros_like(tok, dtype=torch.bool)
+        if candidates is not None:
+            for r in torch.nonzero(candidates[tok]).flatten().tolist():
+                i = int(rows[r])
+                tail = tok_buf[i, max(0, t + 1 - max_stop) : t + 1].tolist()
+                if any(s in self.tokenizer.decode(tail, skip_special_tokens=True) for s in stop):
+                    done[r] = True
+        return done
+
+    def _samples(
+        self,
+        tok_buf: torch.Tensor,
+        lp_buf: torch.Tensor,
+        ent: torch.Tensor,
+        length: torch.Tensor,
+        stopped: torch.Tensor,
+    ) -> list[Sample]:
+        """One Sample per original row from the per-token buffers, cut at each row's length and decoded."""
         lengths = length.tolist()
         tokens = [row[:k] for row, k in zip(tok_buf.tolist(), lengths)]
         logps = [row[:k] for row, k in zip(lp_buf.tolist(), lengths)]
         texts = self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
         return [
-            Sample(tokens[i], logps[i], float(ent[i]), texts[i], "stop" if stopped[i] else "length") for i in range(n)
+            Sample(tokens[i], logps[i], float(ent[i]), texts[i], "stop" if stopped[i] else "length")
+            for i in range(len(lengths))
         ]
 
     @torch.no_grad()
@@ -230,6 +232,21 @@ class HFPolicy:
         self.model.train(was_training)
         width = ids.shape[1]
         return [lp[i, width - len(s) :].tolist() for i, s in enumerate(sequences)]
+
+
+def _next_token(
+    logits: torch.Tensor, temperature: float, top_p: float, greedy: bool, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(token, log-probabilities, probabilities) of each row's next token: argmax when greedy, else sampled."""
+    if not greedy and temperature != 1.0:
+        logits = logits / temperature
+    logp_all = F.log_softmax(logits, dim=-1)
+    p_all = logp_all.exp()
+    if greedy:
+        tok = logits.argmax(-1)
+    else:
+        tok = torch.multinomial(_top_p(p_all, top_p) if top_p < 1.0 else p_all, 1, generator=generator).squeeze(-1)
+    return tok, logp_all, p_all
 
 
 def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:

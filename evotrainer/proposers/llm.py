@@ -19,8 +19,8 @@ from evotrainer.diagnostics import agent
 from evotrainer.harness.interventions import Intervention
 from evotrainer.proposers.brief import check_isolation
 from evotrainer.proposers.llm_client import LLMClient, LLMError, Reply, estimate_tokens
-from evotrainer.proposers.llm_prompt import SYSTEM, feedback, render
-from evotrainer.proposers.proposer import Brief, Proposal, ProposerOutput, intervention_key, screen
+from evotrainer.proposers.llm_prompt import SYSTEM, Rendered, feedback, render
+from evotrainer.proposers.proposer import Brief, Proposal, ProposerOutput, Refusal, intervention_key, screen
 from evotrainer.store.files import atomic_write_json
 from evotrainer.store.ledger import Charge, Ledger
 
@@ -60,14 +60,7 @@ class LLMProposer:
         accepted: list[Proposal] = []
         detectors: dict[str, Any] = {}  # by name, so a re-ask's corrected detector replaces the first; all go to admit
         for n in (1, 2):
-            record: dict[str, Any] = {
-                "round": brief.round,
-                "exchange": n,
-                "model": self.client.model,
-                "base_url": self.client.base_url,
-                "evidence": {"shown": rendered.shown, "left_out": rendered.left_out, "too_long": rendered.too_long},
-                "prompt_tokens_estimated": rendered.tokens,
-            }
+            record = self._record_head(brief.round, n, rendered)
             if (cap := self._over_cost()) is not None:
                 self._write(brief.round, n, {**record, "messages": messages, "skipped": cap})
                 break
@@ -76,44 +69,11 @@ class LLMProposer:
             except LLMError as e:
                 self._write(brief.round, n, {**record, "messages": messages, "error": str(e)})
                 break
-            sent = sum(estimate_tokens(m["content"]) for m in messages)
-            if not reply.estimated_tokens and reply.input_tokens < 0.4 * sent:
-                # Ollama and some llama.cpp setups cut a prompt longer than their context without an error.
-                record["warning"] = (
-                    f"the server counted {reply.input_tokens} prompt tokens for about {sent} sent: it may have cut "
-                    "the prompt; raise the server's context (Ollama: OLLAMA_CONTEXT_LENGTH) "
-                    "or lower llm.context_tokens"
-                )
+            if (warning := _cut_prompt_warning(reply, messages)) is not None:
+                record["warning"] = warning
             obj, repairs, error = parse_reply(reply.text, reply.finish_reason)
-            item_errors: list[str] = []
-            new: list[Proposal] = []
-            det_errors: list[str] = []
-            if obj is not None:
-                note = (
-                    f"llm {self.client.model}, round {brief.round} exchange {n}: "
-                    + str(obj.get("diagnosis", ""))[:400]
-                )
-                for k, item in enumerate(obj.get("interventions") or []):
-                    iv = _intervention(item)
-                    if isinstance(iv, str):
-                        item_errors.append(f"interventions[{k}]: {iv}")
-                    else:
-                        new.append(Proposal(iv, "llm", None, note))
-                for k, d in enumerate(obj.get("detectors") or []):
-                    key = str(d.get("name")) if isinstance(d, dict) and d.get("name") else f"#{n}.{k}"
-                    detectors[key] = d
-                    try:
-                        agent.parse(d)
-                    except ValueError as e:
-                        det_errors.append(f"detectors[{k}]: {e}")
-            # The loop's own screen: the same checks every proposer's output gets (one knob, in range,
-            # not a duplicate, not already rejected under this signature).
-            kept, refused = screen(accepted + new, brief)
-            fresh = kept[len(accepted) :]
-            over = fresh[max(0, brief.limit - len(accepted)) :]
-            accepted = kept[: brief.limit]
-            refusals = [f"{r.proposal.intervention.describe()}: {r.reason}" for r in refused]
-            refusals += [f"{p.intervention.describe()}: over this round's limit of {brief.limit}" for p in over]
+            new, item_errors, det_errors = self._read_reply(obj, brief.round, n, detectors)
+            accepted, fresh, refused, refusals = _screened(accepted, new, brief)
             self._write(
                 brief.round,
                 n,
@@ -131,36 +91,54 @@ class LLMProposer:
                     "detector_errors": det_errors,
                     "accepted": [_dump(p) for p in fresh if p in accepted],
                     "detectors": list(detectors.values()),
-                    "attempts": reply.attempts,
-                    "input_tokens": reply.input_tokens,
-                    "output_tokens": reply.output_tokens,
-                    "estimated_tokens": reply.estimated_tokens,
-                    "cost": reply.cost,
-                    "seconds": reply.seconds,
+                    **_usage(reply),
                 },
             )
             problems = bool(error or item_errors or det_errors or [r for r in refused if r.proposal in new])
             if n == 2 or not problems or (len(accepted) >= brief.limit and not det_errors and not error):
                 break
-            errors = ([error] if error else []) + item_errors
-            messages = messages + [
-                {"role": "assistant", "content": reply.text},
-                {
-                    "role": "user",
-                    "content": feedback(
-                        errors,
-                        [r for r in refusals if "over this round" not in r],
-                        [p.intervention.describe() for p in accepted],
-                        det_errors,
-                        brief.limit,
-                    ),
-                },
-            ]
+            messages = _reask(messages, reply, error, item_errors, refusals, accepted, det_errors, brief.limit)
         # The LLM's tokens, cost and seconds: the loop charges them to `propose`. The detectors go to
         # revision.admit as written.
         return ProposerOutput(
             accepted, list(detectors.values()), {"llm": self._charge} if self._charge != Charge() else {}
         )
+
+    def _record_head(self, rnd: int, n: int, rendered: Rendered) -> dict[str, Any]:
+        """What every transcript of an exchange starts with: round, model, endpoint and the evidence shown."""
+        return {
+            "round": rnd,
+            "exchange": n,
+            "model": self.client.model,
+            "base_url": self.client.base_url,
+            "evidence": {"shown": rendered.shown, "left_out": rendered.left_out, "too_long": rendered.too_long},
+            "prompt_tokens_estimated": rendered.tokens,
+        }
+
+    def _read_reply(
+        self, obj: dict[str, Any] | None, rnd: int, n: int, detectors: dict[str, Any]
+    ) -> tuple[list[Proposal], list[str], list[str]]:
+        """(proposals, intervention errors, detector errors) of a reply; its detectors go into `detectors` by name."""
+        item_errors: list[str] = []
+        new: list[Proposal] = []
+        det_errors: list[str] = []
+        if obj is None:
+            return new, item_errors, det_errors
+        note = f"llm {self.client.model}, round {rnd} exchange {n}: " + str(obj.get("diagnosis", ""))[:400]
+        for k, item in enumerate(obj.get("interventions") or []):
+            iv = _intervention(item)
+            if isinstance(iv, str):
+                item_errors.append(f"interventions[{k}]: {iv}")
+            else:
+                new.append(Proposal(iv, "llm", None, note))
+        for k, d in enumerate(obj.get("detectors") or []):
+            key = str(d.get("name")) if isinstance(d, dict) and d.get("name") else f"#{n}.{k}"
+            detectors[key] = d
+            try:
+                agent.parse(d)
+            except ValueError as e:
+                det_errors.append(f"detectors[{k}]: {e}")
+        return new, item_errors, det_errors
 
     # -- one exchange, its charge and its transcript ------------------------------------------------------------------
     def _exchange(self, rnd: int, n: int, messages: list[dict[str, str]]) -> tuple[Reply, bool]:
@@ -218,6 +196,73 @@ class LLMProposer:
         path.parent.mkdir(parents=True, exist_ok=True)
         record = {**record, "prompt_sha": _digest(self.client.model, record["messages"]), "written": time.time()}
         return atomic_write_json(path, record, indent=1)
+
+
+def _cut_prompt_warning(reply: Reply, messages: list[dict[str, str]]) -> str | None:
+    """A warning when the server counted far fewer prompt tokens than were sent, or None."""
+    sent = sum(estimate_tokens(m["content"]) for m in messages)
+    if not reply.estimated_tokens and reply.input_tokens < 0.4 * sent:
+        # Ollama and some llama.cpp setups cut a prompt longer than their context without an error.
+        return (
+            f"the server counted {reply.input_tokens} prompt tokens for about {sent} sent: it may have cut "
+            "the prompt; raise the server's context (Ollama: OLLAMA_CONTEXT_LENGTH) "
+            "or lower llm.context_tokens"
+        )
+    return None
+
+
+def _screened(
+    accepted: list[Proposal], new: list[Proposal], brief: Brief
+) -> tuple[list[Proposal], list[Proposal], list[Refusal], list[str]]:
+    """(accepted, this reply's that passed, refused, refusals as text) after screening, capped at the round's limit."""
+    # The loop's own screen: the same checks every proposer's output gets (one knob, in range,
+    # not a duplicate, not already rejected under this signature).
+    kept, refused = screen(accepted + new, brief)
+    fresh = kept[len(accepted) :]
+    over = fresh[max(0, brief.limit - len(accepted)) :]
+    accepted = kept[: brief.limit]
+    refusals = [f"{r.proposal.intervention.describe()}: {r.reason}" for r in refused]
+    refusals += [f"{p.intervention.describe()}: over this round's limit of {brief.limit}" for p in over]
+    return accepted, fresh, refused, refusals
+
+
+def _usage(reply: Reply) -> dict[str, Any]:
+    """The transcript's record of what an exchange cost: attempts, tokens, money and seconds."""
+    return {
+        "attempts": reply.attempts,
+        "input_tokens": reply.input_tokens,
+        "output_tokens": reply.output_tokens,
+        "estimated_tokens": reply.estimated_tokens,
+        "cost": reply.cost,
+        "seconds": reply.seconds,
+    }
+
+
+def _reask(
+    messages: list[dict[str, str]],
+    reply: Reply,
+    error: str | None,
+    item_errors: list[str],
+    refusals: list[str],
+    accepted: list[Proposal],
+    det_errors: list[str],
+    limit: int,
+) -> list[dict[str, str]]:
+    """The conversation for the re-ask: the reply, then the feedback on what could not be used."""
+    errors = ([error] if error else []) + item_errors
+    return messages + [
+        {"role": "assistant", "content": reply.text},
+        {
+            "role": "user",
+            "content": feedback(
+                errors,
+                [r for r in refusals if "over this round" not in r],
+                [p.intervention.describe() for p in accepted],
+                det_errors,
+                limit,
+            ),
+        },
+    ]
 
 
 def check_endpoint(cfg: RunConfig) -> None:

@@ -15,7 +15,7 @@ from evotrainer.harness.interventions import (  # the kinds' targets, so the pro
     _KIND_TARGETS,
     Kind,
 )
-from evotrainer.harness.knobs import registry
+from evotrainer.harness.knobs import Knob, registry
 from evotrainer.proposers.llm_client import estimate_tokens
 from evotrainer.proposers.proposer import Brief
 
@@ -123,7 +123,7 @@ def _cited_by(brief: Brief, rid: str) -> list[str]:
 
 
 def _head(brief: Brief) -> str:
-    h = brief.harness
+    """Everything of the prompt but the evidence rollouts: the task, knobs, findings, metrics, trials and skills."""
     out = [
         f"# Run {brief.run}, round {brief.round}, domain {brief.domain}",
         f"Propose up to {brief.limit} intervention(s), most promising first"
@@ -133,10 +133,21 @@ def _head(brief: Brief) -> str:
             else "."
         ),
     ]
-    out.append(
+    out += _knob_lines(brief)
+    out += _finding_lines(brief)
+    out += _metric_lines(brief)
+    out += _trial_lines(brief)
+    out += _skill_lines(brief)
+    return "\n".join(out)
+
+
+def _knob_lines(brief: Brief) -> list[str]:
+    """The harness section: every knob with its current value, default, range or choices and meaning."""
+    h = brief.harness
+    out = [
         f"## Harness {h.version}: every knob (current value, default, range or choices, replayable = a cheap "
         "replay can score it before a trial; meaning)"
-    )
+    ]
     current = h.model_dump(mode="json")
     terms = sorted({t for r in brief.evidence.values() for t in (r.get("rewards") or {})} | set(h.reward_weights))
     for k in registry():
@@ -149,22 +160,31 @@ def _head(brief: Brief) -> str:
             )
             continue
         section, _, name = k.path.partition(".")
-        rng = (
-            f"choices {list(k.choices)}"
-            if k.choices
-            else f"range {_num(k.low)}..{_num(k.high)}"
-            if k.low is not None and k.high is not None
-            else f">= {_num(k.low)}"
-            if k.low is not None
-            else f"<= {_num(k.high)}"
-            if k.high is not None
-            else k.type
-        )
         out.append(
-            f"- {k.path} = {json.dumps(current[section][name])} (default {json.dumps(k.default, default=list)}, {rng}"
-            f"{', replayable' if k.replayable else ''}): {k.meaning}"
+            f"- {k.path} = {json.dumps(current[section][name])} (default {json.dumps(k.default, default=list)}, "
+            f"{_knob_range(k)}{', replayable' if k.replayable else ''}): {k.meaning}"
         )
-    out.append(f"## Findings of the diagnostic suite (signature {list(brief.signature)})")
+    return out
+
+
+def _knob_range(k: Knob) -> str:
+    """A knob's allowed values as text: its choices, its bounds, or its type when it has neither."""
+    return (
+        f"choices {list(k.choices)}"
+        if k.choices
+        else f"range {_num(k.low)}..{_num(k.high)}"
+        if k.low is not None and k.high is not None
+        else f">= {_num(k.low)}"
+        if k.low is not None
+        else f"<= {_num(k.high)}"
+        if k.high is not None
+        else k.type
+    )
+
+
+def _finding_lines(brief: Brief) -> list[str]:
+    """The findings section: each finding (severity, validity, value, knobs, steps, message) and its evidence ids."""
+    out = [f"## Findings of the diagnostic suite (signature {list(brief.signature)})"]
     if not brief.findings:
         out.append("None fired on this segment.")
     for f in sorted(brief.findings, key=lambda f: (_SEVERITY[f.severity], not f.validity, f.name)):
@@ -176,7 +196,12 @@ def _head(brief: Brief) -> str:
             f"Evidence: {', '.join(shown) or 'none'}"
             + (f" ({withheld} cited id(s) not training rollouts: withheld)" if withheld else "")
         )
-    out.append("## Step metrics of the segment (step: value)")
+    return out
+
+
+def _metric_lines(brief: Brief) -> list[str]:
+    """The step metrics section: each series, thinned to MAX_SERIES points."""
+    out = ["## Step metrics of the segment (step: value)"]
     if not brief.metrics:
         out.append("None recorded.")
     for name, series in brief.metrics.items():
@@ -186,10 +211,15 @@ def _head(brief: Brief) -> str:
             + ", ".join(f"{s}: {v:.4g}" for s, v in pts)
             + (f" (thinned from {len(series)} points)" if len(pts) < len(series) else "")
         )
-    out.append(
+    return out
+
+
+def _trial_lines(brief: Brief) -> list[str]:
+    """The trials section: this run's interventions so far and their verdicts."""
+    out = [
         "## Trials of this run so far (intervention -> verdict; "
         "effect = candidate minus control accuracy on the evaluator's gate tasks)"
-    )
+    ]
     if not brief.history:
         out.append("None yet.")
     for t in brief.history:
@@ -199,7 +229,12 @@ def _head(brief: Brief) -> str:
             f"- round {t.round}: {iv.describe()} for {iv.hypothesis.finding} under signature {list(t.signature)} -> "
             f"{t.decision}, effect {eff}" + (f", reasons: {', '.join(t.reasons)}" if t.reasons else "")
         )
-    out.append("## Skills from earlier runs whose signature matches")
+    return out
+
+
+def _skill_lines(brief: Brief) -> list[str]:
+    """The skills section: skills from earlier runs whose signature matches, with their record."""
+    out = ["## Skills from earlier runs whose signature matches"]
     if not brief.skills:
         out.append("None.")
     for s in brief.skills:
@@ -209,7 +244,7 @@ def _head(brief: Brief) -> str:
             f"{s.wins} won, {s.losses} lost, mean effect {s.mean_effect:+.3f}"
             f"{', quarantined' if s.quarantined else ''}; domains {', '.join(s.domains)})"
         )
-    return "\n".join(out)
+    return out
 
 
 def _rollout(rid: str, r: dict[str, Any], cited_by: list[str]) -> str:

@@ -17,19 +17,43 @@ pip_install() {
     exit 1
   fi
 }
+# Debian packages go in where apt-get is usable (as root); each install's output goes to .venv/apt-PACKAGE.log
+# (pip's steps below rewrite $log).
+apt_usable() { command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; }
+apt_install() {
+  { apt-get install -y -q "$1" || { apt-get update -q && apt-get install -y -q "$1"; }; } >".venv/apt-$1.log" 2>&1
+}
 # The code sandbox isolates best with bubblewrap (the job sees only the Python install and its own
-# directory). Installed where apt-get is usable; elsewhere the sandbox falls back to namespaces and
-# rlimits and says so once at run time.
+# directory). Without it the sandbox falls back to namespaces or a dropped uid, and with neither it
+# refuses to run model code unless EVOTRAINER_SANDBOX_UNISOLATED=accept.
 if ! command -v bwrap >/dev/null 2>&1; then
-  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  if apt_usable; then
     echo "setup: installing bubblewrap (the code sandbox)"
-    { apt-get install -y -q bubblewrap || { apt-get update -q && apt-get install -y -q bubblewrap; }; } >"$log" 2>&1 \
-      || echo "setup: could not install bubblewrap (log: $log); the code sandbox will use weaker isolation" >&2
+    apt_install bubblewrap \
+      || echo "setup: could not install bubblewrap (log: .venv/apt-bubblewrap.log); the code sandbox will use" \
+              "weaker isolation, or refuse to run model code where it has none" >&2
   else
-    echo "setup: bubblewrap (bwrap) is not installed and apt-get is not usable here; install it for full isolation" \
-         "of model-written code (without it the sandbox uses namespaces and rlimits, with a warning)" >&2
+    echo "setup: bubblewrap (bwrap) is not installed and apt-get is not usable here (needs root); install it" \
+         "for full isolation of model-written code (without it the sandbox falls back to namespaces or a" \
+         "dropped uid, and with neither refuses to run model code unless EVOTRAINER_SANDBOX_UNISOLATED=accept)" >&2
   fi
 fi
+# With the dev extras: Debian's chromium, which tests/test_report_browser.py drives through Playwright to
+# render a run's report.html (Playwright's own browser downloads are not used; they need the internet).
+case ",$extras," in *,dev,*)
+  if ! command -v chromium >/dev/null 2>&1; then
+    if apt_usable; then
+      echo "setup: installing chromium (the report's browser test)"
+      apt_install chromium \
+        || echo "setup: could not install chromium (log: .venv/apt-chromium.log);" \
+                "tests/test_report_browser.py will fail" >&2
+    else
+      echo "setup: chromium is not installed and apt-get is not usable here (needs root);" \
+           "tests/test_report_browser.py will skip until chromium is installed" >&2
+    fi
+  fi
+  ;;
+esac
 echo "setup: installing $TORCH, then evotrainer${extras:+[$extras]} into .venv"
 pip_install --upgrade pip
 pip_install "$TORCH"

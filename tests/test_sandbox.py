@@ -4,6 +4,7 @@ the termination reason and that nothing happened outside the sandbox."""
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from pathlib import Path
 
@@ -13,18 +14,51 @@ from evotrainer import sandbox
 from evotrainer.sandbox import Limits, WorkerPool, isolation
 
 FAST = Limits(cpu_seconds=1, wall_seconds=1.5, memory_mb=256, processes=16, output_bytes=10_000)
+# scripts/setup.sh installs bubblewrap where it runs as root with apt-get: there a missing bwrap is a
+# broken set-up, and the tests that need it fail instead of skipping.
+SETUP_INSTALLS_BWRAP = os.geteuid() == 0 and shutil.which("apt-get") is not None
+
+
+def lacking(what: str, why: str) -> None:
+    """Fail where the set-up should have provided `what`: bwrap is not installed (and not turned off by the
+    test) where the set-up installs it. Skip, saying why, only where nothing could have provided it."""
+    bwrap_off = "bwrap" in os.environ.get("EVOTRAINER_SANDBOX_DISABLE", "")
+    if SETUP_INSTALLS_BWRAP and not bwrap_off and not shutil.which("bwrap"):
+        pytest.fail(
+            f"{what} missing: bubblewrap is not installed, yet this machine runs as root with apt-get, where "
+            "scripts/setup.sh installs it (apt-get install bubblewrap)"
+        )
+    if shutil.which("bwrap") and not bwrap_off:
+        why = f"bubblewrap is installed but could not create a sandbox here (namespaces not permitted?); {why}"
+    pytest.skip(f"{what} missing, and nothing here could provide it: {why}")
+
+
+NO_NAMESPACES = "the kernel or container allows no pid + net namespaces here"
+NO_FILE_ISOLATION = (
+    "without bwrap only a dropped uid keeps the job from the trainer's files, and that needs root and an "
+    "interpreter an unprivileged uid can reach (a pyenv under /root is not)"
+)
 
 
 @pytest.fixture(params=["full", "unshare"])
 def mode(request, monkeypatch):
     """Every test runs under the strongest layers this machine has, and again without bwrap (the
     unshare fallback), so the fallback a user without bubblewrap gets is tested too."""
+    monkeypatch.delenv(isolation.UNISOLATED_ENV, raising=False)
     if request.param == "unshare":
         monkeypatch.setenv("EVOTRAINER_SANDBOX_DISABLE", "bwrap")
     monkeypatch.setattr(isolation, "_mech", None)
     m = sandbox.mechanisms()
+    if request.param == "full" and not shutil.which("bwrap") and SETUP_INSTALLS_BWRAP:
+        lacking("bubblewrap", "")  # fails: the set-up installs it here
+    if not isolation.isolated(m):  # the sandbox refuses here: test_refuses_without_isolation_unless_accepted
+        where = "bwrap is off in this mode" if request.param == "unshare" else "no working bubblewrap"
+        lacking(
+            "every isolation layer",
+            f"{where}; {NO_NAMESPACES}; no uid to drop to (needs root and a reachable interpreter)",
+        )
     if request.param == "unshare" and not m["netns"]:
-        pytest.skip("no unshare on this machine")
+        pytest.skip(f"the unshare fallback: {NO_NAMESPACES}")
     yield m
     monkeypatch.setattr(isolation, "_mech", None)
 
@@ -109,7 +143,9 @@ def test_memory_bomb(where, tmp_path):
     assert r.termination == "memory" and "MemoryError" in r.stderr
 
 
-def test_no_network(where, tmp_path):
+def test_no_network(where, tmp_path, mode):
+    if not mode["netns"]:
+        lacking("a network namespace", NO_NAMESPACES)
     src = "import socket\ns = socket.create_connection(('1.1.1.1', 53), timeout=1)\nprint('connected')\n"
     r = execute(where, src, tmp_path)
     assert r.termination == "error" and "connected" not in r.stdout
@@ -118,7 +154,7 @@ def test_no_network(where, tmp_path):
 
 def test_cannot_write_outside_its_directory(where, tmp_path, mode):
     if not (mode["mountns"] or mode["uid_drop"]):
-        pytest.skip("neither a mount namespace nor a dropped uid: the job writes where the trainer's user can")
+        lacking("a mount namespace or a dropped uid", NO_FILE_ISOLATION)
     outside = tmp_path / "outside.txt"
     in_tmp = Path(f"/tmp/escaped-{uuid.uuid4().hex}")
     src = (
@@ -145,7 +181,7 @@ def test_cannot_read_the_evaluators_hidden_tests(where, tmp_path, mode):
     hidden = run_dir / "hidden_tests.py"
     hidden.write_text(secret)
     if not (mode["mountns"] or mode["uid_drop"]):
-        pytest.skip("neither a mount namespace nor a dropped uid: files the trainer's user can read are readable")
+        lacking("a mount namespace or a dropped uid", NO_FILE_ISOLATION)
     src = (
         f"import os\nfound = []\n"
         f"try:\n    found.append(open({str(hidden)!r}).read())\n"
@@ -196,4 +232,36 @@ def test_mechanisms_report_and_warn_once(monkeypatch, caplog):
         sandbox.mechanisms()
     assert not m["bwrap"] and not m["netns"] and m["rlimits"]
     assert sum("not available" in rec.message for rec in caplog.records) == 1
+    monkeypatch.setattr(isolation, "_mech", None)
+
+
+def test_refuses_without_isolation_unless_accepted(monkeypatch, tmp_path):
+    """With every layer off the sandbox fails closed: run, run_python and WorkerPool raise, naming the
+    fix, and the job never starts; EVOTRAINER_SANDBOX_UNISOLATED=accept (that exact value) lets it run."""
+    monkeypatch.setenv("EVOTRAINER_SANDBOX_DISABLE", "bwrap,unshare,setpriv")
+    monkeypatch.delenv(isolation.UNISOLATED_ENV, raising=False)
+    monkeypatch.setattr(isolation, "_mech", None)
+    m = sandbox.mechanisms()
+    assert not (m["bwrap"] or m["netns"] or m["uid_drop"]) and not isolation.isolated(m)
+    marker = tmp_path / f"ran-{uuid.uuid4().hex}"
+    src = f"open({str(marker)!r}, 'w').write('x')\nprint('ran')\n"
+    for value in (None, "1", "yes"):  # unset, or anything but the exact opt-in
+        if value is not None:
+            monkeypatch.setenv(isolation.UNISOLATED_ENV, value)
+        with pytest.raises(isolation.SandboxUnavailable) as refused:
+            execute("run", src, tmp_path)
+        with pytest.raises(isolation.SandboxUnavailable):
+            WorkerPool(1, FAST)
+        with pytest.raises(isolation.SandboxUnavailable):
+            sandbox.run(["true"], tmp_path)
+        assert not marker.exists()  # refused before anything ran
+    msg = str(refused.value)
+    for says in ("bubblewrap", "EVOTRAINER_SANDBOX_UNISOLATED=accept", "read and write", "network", "'yes'"):
+        assert says in msg, (says, msg)
+
+    monkeypatch.setenv(isolation.UNISOLATED_ENV, "accept")
+    r = execute("run", src, tmp_path)
+    assert r.termination == "ok" and r.stdout == "ran\n" and marker.exists()
+    with WorkerPool(1, FAST) as p:
+        assert p.run_python("print(6 * 7)").stdout == "42\n"
     monkeypatch.setattr(isolation, "_mech", None)

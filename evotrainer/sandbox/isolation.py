@@ -8,6 +8,11 @@ Layers, strongest available first (`mechanisms()` says which are active, and war
             enforced for root, so this is what makes the process limit hold; it also keeps the job
             out of root-only files.
   rlimits   always: CPU seconds, address space, file size, no core files; processes where `nproc`.
+With none of bwrap, unshare and uid_drop the sandbox fails closed: `require_isolation()` raises
+SandboxUnavailable rather than run model code, unless the user opts in with
+EVOTRAINER_SANDBOX_UNISOLATED=accept. What that gives up: model code can then read and write whatever the
+trainer's user can (the run directory, the store, the evaluator's hidden data, the user's files) and reach
+the network; only the rlimits and the wall and output caps still hold.
 """
 
 from __future__ import annotations
@@ -23,11 +28,18 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from evotrainer.errors import UserError
 from evotrainer.sandbox.limits import Limits
 
 log = logging.getLogger(__name__)
 
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32")
+# The opt-in to running model code where no layer isolates it (the value must be `accept`).
+UNISOLATED_ENV = "EVOTRAINER_SANDBOX_UNISOLATED"
+_FIX = (
+    "Install bubblewrap (apt-get install bubblewrap, which scripts/setup.sh does as root), or accept running "
+    f"model code without isolation by setting {UNISOLATED_ENV}=accept."
+)
 
 
 # -- which isolation layers this machine has ---------------------------------------------------------
@@ -52,20 +64,65 @@ def _world_reachable(path: str) -> bool:
 
 def mechanisms() -> dict[str, bool]:
     """The isolation layers active on this machine, probed once. Missing layers are logged once, and
-    the sandbox falls back to the strongest remaining; rlimits and session kills always apply."""
+    the sandbox falls back to the strongest remaining; rlimits and session kills always apply. With no
+    isolating layer at all, `require_isolation()` refuses to run model code (see the module docstring)."""
     global _mech
     with _mech_lock:
         if _mech is None:
             _mech = _probe()
             missing = [k for k in ("bwrap", "netns", "pidns", "nproc") if not _mech[k]]
-            if missing:
+            if not isolated(_mech):
+                log.warning(
+                    "sandbox: %s not available on this machine, and no dropped uid: %s",
+                    ", ".join(missing),
+                    f"model code runs WITHOUT isolation ({UNISOLATED_ENV}=accept)"
+                    if _accepted()
+                    else "model code will be refused. " + _FIX,
+                )
+            elif missing:
                 log.warning(
                     "sandbox: %s not available on this machine; model code runs with %s. "
                     "Install bubblewrap (apt-get install bubblewrap) for full isolation.",
                     ", ".join(missing),
-                    ", ".join(k for k, v in _mech.items() if v) or "rlimits only",
+                    ", ".join(k for k, v in _mech.items() if v),
                 )
         return dict(_mech)
+
+
+# -- failing closed --------------------------------------------------------------------------------------
+class SandboxUnavailable(UserError):
+    """No isolation layer (bubblewrap, a network namespace, a dropped uid) works on this machine, and the
+    user has not opted in to running model code without one."""
+
+
+def isolated(m: dict[str, bool]) -> bool:
+    """Does at least one layer beyond rlimits keep the job from the network or the trainer's files?"""
+    return m["bwrap"] or m["netns"] or m["uid_drop"]
+
+
+def _accepted() -> bool:
+    return os.environ.get(UNISOLATED_ENV) == "accept"
+
+
+def require_isolation() -> dict[str, bool]:
+    """The active layers (as `mechanisms()`), or SandboxUnavailable where none isolates the job and
+    EVOTRAINER_SANDBOX_UNISOLATED is not `accept`. Read on every call, so setting the variable (or
+    unsetting it) takes effect for the next job. Opting in gives up this: model code can read and write
+    whatever the trainer's user can, and reach the network."""
+    m = mechanisms()
+    if isolated(m) or _accepted():
+        return m
+    value = os.environ.get(UNISOLATED_ENV)
+    disabled = os.environ.get("EVOTRAINER_SANDBOX_DISABLE")
+    raise SandboxUnavailable(
+        "sandbox: refusing to run model code: no isolation layer works on this machine (no bubblewrap, no "
+        "network namespace, no unprivileged uid to drop to"
+        + (f"; EVOTRAINER_SANDBOX_DISABLE={disabled} turned layers off" if disabled else "")
+        + "). Run without isolation, model code could read and write whatever the trainer's user can (the run "
+        "directory, the store, the evaluator's hidden data) and reach the network. "
+        + _FIX
+        + (f" ({UNISOLATED_ENV} is set to {value!r}; only the exact value 'accept' opts in.)" if value else "")
+    )
 
 
 def _probe() -> dict[str, bool]:
@@ -237,8 +294,9 @@ def command(
     tmpfs_bytes: int | None = None,
 ) -> list[str]:
     """The full command line. rlimits are set last, inside the namespaces: for a non-root user the
-    process limit then counts only the processes of the new user namespace."""
-    m = mechanisms()
+    process limit then counts only the processes of the new user namespace. Fails closed: raises
+    SandboxUnavailable where no layer isolates the job and the user has not opted in."""
+    m = require_isolation()
     root = os.geteuid() == 0
     exe = shutil.which(argv[0]) or argv[0]
     inner = _setpriv(uid) + (_rlimit_prefix(limits, m["nproc"]) if limits else []) + [os.path.realpath(exe), *argv[1:]]

@@ -17,7 +17,7 @@ import weakref
 from pathlib import Path
 
 from evotrainer.sandbox import worker
-from evotrainer.sandbox.isolation import command, give, mechanisms, next_uid, python_executable
+from evotrainer.sandbox.isolation import command, give, next_uid, python_executable, require_isolation
 from evotrainer.sandbox.limits import ExecResult, Limits
 from evotrainer.sandbox.process import read_exact, spawn, stop
 
@@ -30,7 +30,7 @@ class _Worker:
     """One sandboxed worker process (worker.py) with its own directory and uid."""
 
     def __init__(self) -> None:
-        m = mechanisms()
+        m = require_isolation()
         self.root = Path(tempfile.mkdtemp(prefix="evotrainer-sbx-")).resolve()
         self.uid = next_uid() if m["uid_drop"] else None
         give(self.root, self.uid)
@@ -73,11 +73,13 @@ class WorkerPool:
     of a worker, in a fresh private directory, under its own rlimits; the worker kills the job's whole
     process group (and every other process in its sandbox) after each job, so nothing a job starts
     outlives it. A worker that dies (a job killed it) or stops answering is killed and replaced.
-    Thread-safe: up to `size` jobs run at once."""
+    Thread-safe: up to `size` jobs run at once. Fails closed like sandbox.run: SandboxUnavailable, here
+    and when a worker starts, where no isolation layer works and the user has not opted in."""
 
     def __init__(self, size: int = 1, limits: Limits = Limits()) -> None:
         if size < 1:
             raise ValueError(f"WorkerPool size must be at least 1, got {size}")
+        require_isolation()  # refuse now rather than at the first job
         self.limits = limits
         self._idle: list[_Worker] = []
         self._free = threading.Semaphore(size)

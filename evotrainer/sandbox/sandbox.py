@@ -10,11 +10,14 @@ Layers, strongest available first (`mechanisms()` says which are active, and war
             enforced for root, so this is what makes the process limit hold; it also keeps the job
             out of root-only files.
   rlimits   always: CPU seconds, address space, file size, no core files; processes where `nproc`.
+With none of bwrap, unshare and uid_drop it fails closed: run, run_python and WorkerPool raise
+SandboxUnavailable, unless EVOTRAINER_SANDBOX_UNISOLATED=accept, with which model code can read and write
+whatever the trainer's user can, and reach the network (isolation.py).
 Wall time and output size are enforced here: the pipes are read incrementally and the job's whole
 session is killed at the cap; with a pid namespace, killing its first process ends every process in it.
 
 The public API: run and run_python here, WorkerPool (pool.py) for many small jobs, Limits and
-ExecResult (limits.py), mechanisms (isolation.py)."""
+ExecResult (limits.py), mechanisms and SandboxUnavailable (isolation.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from evotrainer.sandbox import worker
-from evotrainer.sandbox.isolation import command, give, mechanisms, next_uid, python_executable
+from evotrainer.sandbox.isolation import command, give, next_uid, python_executable, require_isolation
 from evotrainer.sandbox.limits import ExecResult, Limits
 from evotrainer.sandbox.process import exit_code, pump, spawn, stop
 
@@ -34,11 +37,12 @@ def run(
 ) -> ExecResult:
     """Run argv in the sandbox with `workdir` as its cwd and HOME (the only writable place it sees
     under bwrap). `readonly`: extra paths bound read-only (bwrap only; e.g. a repository to test).
-    Hidden data the job must not read stays out of workdir, or goes in over stdin."""
+    Hidden data the job must not read stays out of workdir, or goes in over stdin. Raises
+    SandboxUnavailable where no isolation layer works and the user has not opted in (isolation.py)."""
     workdir = Path(workdir).resolve()
     if not workdir.is_dir():
         raise FileNotFoundError(f"sandbox workdir {workdir} is not a directory")
-    m = mechanisms()
+    m = require_isolation()
     uid = next_uid() if m["uid_drop"] else None
     give(workdir, uid)
     cmd = command(argv, str(workdir), limits, [str(p) for p in readonly], die_with_parent=True, uid=uid)

@@ -1,8 +1,9 @@
-"""The harness commands: `harness show|diff` and `knobs`."""
+"""The harness commands: `harness show|diff|export` and `knobs`."""
 
 from __future__ import annotations
 
 import json
+from enum import Enum
 from pathlib import Path
 
 import typer
@@ -11,9 +12,13 @@ from rich.table import Table
 
 from evotrainer.cli.common import console, run_dir
 from evotrainer.errors import UserError
-from evotrainer.harness.knobs import Knob, registry
+from evotrainer.harness.export import export
+from evotrainer.harness.knobs import TARGETS, TITLES, Knob, registry
 
-harness_app = typer.Typer(no_args_is_help=True, help="Show and compare harness versions.")
+harness_app = typer.Typer(no_args_is_help=True, help="Show, compare and export harness versions.")
+
+# The export targets, as a choice typer validates (an unknown one is a usage error, exit 2).
+Target = Enum("Target", {t: t for t in TARGETS}, type=str)
 
 
 def load_harness(target: Path):
@@ -62,6 +67,24 @@ def harness_diff(
     console.print(table if changes else "no knob differs")
 
 
+@harness_app.command("export")
+def harness_export(
+    target: Path = typer.Argument(..., help="Harness YAML, run config, or run directory"),
+    to: Target = typer.Option(
+        ...,
+        "--to",
+        help="trl: GRPOConfig keywords (JSON); verl: Hydra overrides (key=value lines); openrlhf: "
+        "train_ppo_ray flags (one per line)",
+    ),
+) -> None:
+    """Print a harness as another trainer's settings on stdout; the knobs that do not carry over (no
+    equivalent, or a value the trainer cannot express) and those that carry over with a difference go to
+    stderr, each with the reason."""
+    ex = export(load_harness(target), to.value)
+    print(ex.render())
+    typer.echo(ex.report(), err=True)
+
+
 def knobs(as_json: bool = typer.Option(False, "--json", help="JSON lines instead of a table")) -> None:
     """Every harness knob: type, range, default, meaning, and its TRL / verl / OpenRLHF names."""
     ks = registry()
@@ -69,7 +92,7 @@ def knobs(as_json: bool = typer.Option(False, "--json", help="JSON lines instead
         for k in ks:
             print(json.dumps(k.to_dict(), default=str))
         return
-    cols = ("knob", "type", "range", "default", "meaning", "TRL", "verl", "OpenRLHF", "replay")
+    cols = ("knob", "type", "range", "default", "meaning", *(TITLES[t] for t in TARGETS), "replay")
     rows = [
         (
             k.path,
@@ -77,9 +100,7 @@ def knobs(as_json: bool = typer.Option(False, "--json", help="JSON lines instead
             _range(k),
             repr(k.default),
             k.meaning,
-            k.trl,
-            k.verl,
-            k.openrlhf,
+            *(_name(k, t) for t in TARGETS),
             "yes" if k.replayable else "trial",
         )
         for k in ks
@@ -96,6 +117,12 @@ def knobs(as_json: bool = typer.Option(False, "--json", help="JSON lines instead
     for r in rows:
         table.add_row(*r)
     console.print(table)
+
+
+def _name(k: Knob, target: str) -> str:
+    """A knob's setting in a target with its note; "-": none."""
+    n = k.name(target)
+    return f"{n.key} ({n.note})" if n.note else n.key
 
 
 def _range(k: Knob) -> str:

@@ -13,71 +13,272 @@ from pydantic import BaseModel
 
 from evotrainer.harness.harness import Harness
 
-# Names in other trainers (rl-trainers.md, table a). A dash: no direct equivalent there.
-# TRL = GRPOConfig; verl = its Hydra keys; OpenRLHF = train_ppo_ray flags.
-MAPPINGS: dict[str, tuple[str, str, str]] = {
+TARGETS = ("trl", "verl", "openrlhf")
+TITLES = {"trl": "TRL", "verl": "verl", "openrlhf": "OpenRLHF"}
+
+
+@dataclass(frozen=True)
+class Name:
+    """A knob's setting in one target trainer. `key` "-": the target has no equivalent, and honours the
+    knob only at a value in `builtin` (what it does without one); a backend for it refuses any other."""
+
+    key: str
+    note: str = ""
+    """How a value translates, or why there is no equivalent."""
+    also: tuple[str, ...] = ()
+    """Further keys `evotrainer harness export` sets with this one."""
+    builtin: tuple[Any, ...] = ()
+    """Values the target behaves as without any key."""
+    only: tuple[Any, ...] = ()
+    """The values `key` can express (empty: all)."""
+
+
+# Each knob's names in TRL, verl and OpenRLHF; `evotrainer harness export` writes these keys. Read from
+# the sources, not from memory (knob names change between releases):
+# - TRL 1.16.0 (installed): trl/trainer/grpo_config.py (GRPOConfig) and the transformers 5.23
+#   TrainingArguments it extends (learning_rate, weight_decay, max_grad_norm, warmup_steps,
+#   lr_scheduler_type, lr_scheduler_kwargs, per_device_train_batch_size, gradient_accumulation_steps).
+# - verl 0.10.0.dev, github.com/verl-project/verl at 1dda039b (2026-08-22): every key checked against
+#   verl/trainer/config/_generated_ppo_trainer.yaml, except reward.reward_kwargs.* (a `+` override read by
+#   verl/experimental/reward_loop/reward_manager/dapo.py; reward_loop.py migrates the old
+#   reward_model.reward_kwargs there). Filter groups: verl/trainer/ppo/v1/trainer_base.py and
+#   replay_buffer.py; estimators, loss aggregation and KL: verl/trainer/ppo/core_algos.py; the schedule:
+#   verl/workers/engine/fsdp/transformer_impl.py. Older verl read the overlong buffer elsewhere:
+#   reward_model.reward_kwargs.overlong_buffer_cfg (volcengine/verl b178a3cd, 0.8.0.dev), and the DAPO
+#   recipe's own config reward_model.overlong_buffer.* (verl-recipe 21892b92).
+# - OpenRLHF 0.11.0, github.com/OpenRLHF/OpenRLHF at 3c3be623 (tag v0.11.0): the dotted flags of
+#   openrlhf/cli/train_ppo_ray.py (dotted since v0.10.2, commit ed62d0e2); estimators:
+#   trainer/ppo_utils/experience_maker.py; dynamic filtering: ppo_utils/samples_generator.py; the
+#   scheduler: utils/deepspeed/deepspeed.py.
+_TOTAL = "the response across all turns"
+_NO_STD = "no batch scaling of the group baseline"
+MAPPINGS: dict[str, tuple[Name, Name, Name]] = {
     "reward_weights.*": (
-        "reward_weights",
-        "custom_reward_function (weights in the function)",
-        "--remote_rm_url (weights in reward_func)",
+        Name("reward_weights", "a list, in the order of GRPOTrainer's reward_funcs"),
+        Name("-", "no per-term weights: reward.custom_reward_function must return the weighted sum"),
+        Name("-", "no per-term weights: the --reward.remote_url function must return the weighted sum"),
     ),
-    "sampling.num_generations": ("num_generations", "actor_rollout_ref.rollout.n", "--n_samples_per_prompt"),
+    "sampling.num_generations": (
+        Name("num_generations", "at least 2"),
+        Name("actor_rollout_ref.rollout.n"),
+        Name("--rollout.n_samples_per_prompt"),
+    ),
     "sampling.prompts_per_step": (
-        "per_device_train_batch_size / num_generations",
-        "data.train_batch_size",
-        "--rollout_batch_size",
+        Name(
+            "generation_batch_size",
+            "= prompts_per_step * num_generations, one optimizer step per batch",
+            also=("per_device_train_batch_size", "gradient_accumulation_steps"),
+        ),
+        Name(
+            "data.train_batch_size",
+            "with ppo_mini_batch_size equal: one optimizer step per batch and epoch",
+            also=("actor_rollout_ref.actor.ppo_mini_batch_size",),
+        ),
+        Name(
+            "--rollout.batch_size",
+            "with --train.batch_size = prompts_per_step * num_generations: one optimizer step per batch and epoch",
+            also=("--train.batch_size",),
+        ),
     ),
-    "sampling.temperature": ("temperature", "actor_rollout_ref.rollout.temperature", "--temperature"),
-    "sampling.top_p": ("top_p", "actor_rollout_ref.rollout.top_p", "--top_p"),
-    "sampling.max_completion_length": ("max_completion_length", "data.max_response_length", "--generate_max_len"),
+    "sampling.temperature": (
+        Name("temperature"),
+        Name("actor_rollout_ref.rollout.temperature"),
+        Name("--rollout.temperature"),
+    ),
+    "sampling.top_p": (Name("top_p"), Name("actor_rollout_ref.rollout.top_p"), Name("--rollout.top_p")),
+    "sampling.max_completion_length": (
+        Name("max_completion_length", f"caps {_TOTAL}"),
+        Name("data.max_response_length", f"caps {_TOTAL}"),
+        Name("--rollout.max_new_tokens", f"caps {_TOTAL}"),
+    ),
     "loss.advantage_estimator": (
-        "GRPOTrainer (grpo) / RLOOTrainer (rloo)",
-        "algorithm.adv_estimator",
-        "--advantage_estimator (group_norm / rloo)",
+        Name("-", "grpo is GRPOTrainer's own baseline; rloo needs RLOOTrainer", builtin=("grpo",)),
+        Name("algorithm.adv_estimator"),
+        Name("--algo.advantage.estimator", "grpo: group_norm (group std) or dr_grpo (none); rloo: rloo"),
     ),
     "loss.loss_type": (
-        "loss_type",
-        "actor_rollout_ref.actor.loss_agg_mode (token-mean = dapo, seq-mean-token-mean = grpo, "
-        "seq-mean-token-sum-norm = dr_grpo)",
-        "-",
+        Name("loss_type"),
+        Name(
+            "actor_rollout_ref.actor.loss_agg_mode",
+            "grpo: seq-mean-token-mean; dapo: token-mean; dr_grpo: seq-mean-token-sum-norm with "
+            "loss_scale_factor = max_completion_length * max_turns",
+            also=("actor_rollout_ref.actor.loss_scale_factor",),
+        ),
+        Name("-", "the ppo policy loss is always a token mean over the batch", builtin=("dapo",)),
     ),
-    "loss.scale_rewards": ("scale_rewards", "algorithm.norm_adv_by_std_in_grpo", "--no_advantage_std_norm"),
-    "loss.epsilon": ("epsilon", "actor_rollout_ref.actor.clip_ratio_low", "--eps_clip"),
-    "loss.epsilon_high": ("epsilon_high", "actor_rollout_ref.actor.clip_ratio_high", "--eps_clip_low_high"),
+    "loss.scale_rewards": (
+        Name("scale_rewards"),
+        Name(
+            "algorithm.norm_adv_by_std_in_grpo",
+            f"true: group, false: none; {_NO_STD}; rloo never divides by a std",
+            only=("group", "none"),
+        ),
+        Name(
+            "--algo.advantage.estimator",
+            f"group: group_norm; none: dr_grpo or rloo; {_NO_STD} (reinforce_baseline whitens token advantages)",
+            only=("group", "none"),
+        ),
+    ),
+    "loss.epsilon": (
+        Name("epsilon"),
+        Name("actor_rollout_ref.actor.clip_ratio_low", "verl also dual-clips negative advantages (clip_ratio_c)"),
+        Name("--actor.eps_clip_low_high", "LOW HIGH"),
+    ),
+    "loss.epsilon_high": (
+        Name("epsilon_high"),
+        Name("actor_rollout_ref.actor.clip_ratio_high"),
+        Name("--actor.eps_clip_low_high", "LOW HIGH"),
+    ),
     "loss.beta": (
-        "beta",
-        "actor_rollout_ref.actor.kl_loss_coef (with use_kl_loss)",
-        "--init_kl_coef (with --use_kl_loss)",
+        Name("beta", "with use_bias_correction_kl false, as the harness", also=("use_bias_correction_kl",)),
+        Name(
+            "actor_rollout_ref.actor.kl_loss_coef",
+            "with use_kl_loss and kl_loss_type low_var_kl (k3)",
+            also=("actor_rollout_ref.actor.use_kl_loss", "actor_rollout_ref.actor.kl_loss_type"),
+        ),
+        Name(
+            "--algo.kl.init_coef",
+            "with --algo.kl.use_loss and --algo.kl.estimator k3",
+            also=("--algo.kl.use_loss", "--algo.kl.estimator"),
+        ),
     ),
-    "loss.num_iterations": ("num_iterations", "actor_rollout_ref.actor.ppo_epochs", "--max_epochs"),
-    "loss.mask_truncated_completions": ("mask_truncated_completions", "-", "-"),
+    "loss.num_iterations": (
+        Name("num_iterations"),
+        Name("actor_rollout_ref.actor.ppo_epochs"),
+        Name("--train.max_epochs"),
+    ),
+    "loss.mask_truncated_completions": (
+        Name("mask_truncated_completions"),
+        Name("-", "truncated responses always train", builtin=(False,)),
+        Name("-", "--reward.stop_properly_penalty_coef rescales their reward, it does not mask", builtin=(False,)),
+    ),
+    "loss.entropy_coef": (
+        Name("entropy_coef"),
+        Name("actor_rollout_ref.actor.entropy_coeff", "aggregated by loss_agg_mode (a token mean only for dapo)"),
+        Name("--actor.entropy_coef"),
+    ),
     "shaping.overlong_buffer_len": (
-        "trl.rewards.get_soft_overlong_punishment(soft_punish_cache)",
-        "reward_model.overlong_buffer.len",
-        "--overlong_buffer_len",
+        Name(
+            "-",
+            "a reward function: trl.rewards.get_soft_overlong_punishment(max_completion_len, soft_punish_cache)",
+            builtin=(0,),
+        ),
+        Name(
+            "reward.reward_kwargs.overlong_buffer_cfg.len",
+            "the DAPO reward manager",
+            also=(
+                "reward.reward_manager.name",
+                "reward.reward_kwargs.overlong_buffer_cfg.enable",
+                "reward.reward_kwargs.overlong_buffer_cfg.log",
+                "reward.reward_kwargs.max_resp_len",
+            ),
+        ),
+        Name("--reward.overlong_buffer_len", "off when absent"),
     ),
     "shaping.overlong_penalty_factor": (
-        "-",
-        "reward_model.overlong_buffer.penalty_factor",
-        "--overlong_penalty_factor",
+        Name("-", "the weight of a get_soft_overlong_punishment reward function"),
+        Name("reward.reward_kwargs.overlong_buffer_cfg.penalty_factor"),
+        Name("--reward.overlong_penalty_factor"),
     ),
-    "shaping.length_penalty": ("-", "-", "-"),
-    "filters.zero_std_threshold": ("-", "algorithm.filter_groups.enable", "--dynamic_filtering"),
-    "filters.mask_terminations": ("-", "-", "-"),
-    "curriculum.levels": ("-", "data.custom_cls (a sampler)", "--prompt_data_probs"),
-    "curriculum.easy_threshold": ("-", "-", "-"),
-    "curriculum.hard_threshold": ("-", "-", "-"),
-    "optimizer.learning_rate": ("learning_rate", "actor_rollout_ref.actor.optim.lr", "--actor_learning_rate"),
-    "optimizer.weight_decay": ("weight_decay", "actor_rollout_ref.actor.optim.weight_decay", "--l2"),
-    "optimizer.max_grad_norm": ("max_grad_norm", "actor_rollout_ref.actor.grad_clip", "--max_norm"),
+    "shaping.length_penalty": (Name("-", "a reward function instead", builtin=(0.0,)),) * 3,
+    "filters.zero_std_threshold": (
+        Name("-", "every group trains", builtin=(None,)),
+        Name("-", "algorithm.filter_groups resamples groups instead (filters.dynamic_sampling)", builtin=(None,)),
+        Name("-", "--algo.dynamic_filtering_enable resamples groups instead", builtin=(None,)),
+    ),
+    "filters.mask_terminations": (
+        Name("mask_truncated_completions", "only ('length',) carries over", only=((), ("length",))),
+        Name("-", "no mask by termination reason", builtin=((),)),
+        Name("-", "no mask by termination reason", builtin=((),)),
+    ),
+    "filters.dynamic_sampling": (
+        Name("-", "none built in (TRL issue #3708)", builtin=(False,)),
+        Name(
+            "algorithm.filter_groups.enable",
+            "with metric acc (a float reward's score): groups whose metric is all equal are resampled",
+            also=("algorithm.filter_groups.metric",),
+        ),
+        Name("--algo.dynamic_filtering_enable", "drops groups whose mean score is outside (0, 1): 0/1 scores only"),
+    ),
+    "filters.max_sampling_rounds": (
+        Name("-", "no dynamic sampling"),
+        Name("-", "the V1 trainer ignores algorithm.filter_groups.max_num_gen_batches: it resamples until full"),
+        Name("-", "filtered prompts are replaced until the batch is full, with no cap"),
+    ),
+    "curriculum.levels": (
+        Name("-", "no difficulty sampler", builtin=(None,)),
+        Name("-", "a custom sampler (trainer.v1.sampler.custom_sampler)", builtin=(None,)),
+        Name("-", "--data.prompt_probs mixes datasets, not difficulty levels", builtin=(None,)),
+    ),
+    "curriculum.easy_threshold": (Name("-", "no difficulty sampler", builtin=(None,)),) * 3,
+    "curriculum.hard_threshold": (Name("-", "no difficulty sampler", builtin=(None,)),) * 3,
+    "optimizer.learning_rate": (
+        Name("learning_rate"),
+        Name("actor_rollout_ref.actor.optim.lr"),
+        Name("--actor.adam.lr"),
+    ),
+    "optimizer.weight_decay": (
+        Name("weight_decay"),
+        Name("actor_rollout_ref.actor.optim.weight_decay"),
+        Name("--actor.adam.weight_decay"),
+    ),
+    "optimizer.max_grad_norm": (
+        Name("max_grad_norm"),
+        Name("actor_rollout_ref.actor.optim.clip_grad"),
+        Name("--actor.max_norm"),
+    ),
+    "optimizer.warmup_steps": (
+        Name("warmup_steps", "counted in optimizer steps: warmup_steps * num_iterations"),
+        Name("actor_rollout_ref.actor.optim.lr_warmup_steps"),
+        Name("--actor.lr_warmup_ratio", "a share of the run's steps: only 0 carries over", only=(0,)),
+    ),
+    "optimizer.lr_decay": (
+        Name(
+            "lr_scheduler_type",
+            "warmup_stable_decay (decay_type, num_decay_steps, min_lr_ratio in lr_scheduler_kwargs)",
+            also=("lr_scheduler_kwargs", "warmup_steps"),
+        ),
+        Name(
+            "actor_rollout_ref.actor.optim.lr_scheduler_type", "decays over the whole run", only=("constant", "cosine")
+        ),
+        Name(
+            "--actor.lr_scheduler",
+            "decays over the whole run (cosine: cosine_with_min_lr)",
+            also=("--actor.min_lr_ratio",),
+        ),
+    ),
+    "optimizer.decay_steps": (
+        Name("lr_scheduler_kwargs", "num_decay_steps = (decay_steps - warmup_steps) * num_iterations"),
+        Name("-", "the decay spans the run (trainer.total_training_steps)", builtin=(0,)),
+        Name("-", "the decay spans the run", builtin=(0,)),
+    ),
+    "optimizer.min_lr_ratio": (
+        Name("lr_scheduler_kwargs", "min_lr_ratio of warmup_stable_decay"),
+        Name("actor_rollout_ref.actor.optim.min_lr_ratio", "cosine only"),
+        Name("--actor.min_lr_ratio", "cosine_with_min_lr only"),
+    ),
     "multi_turn.max_turns": (
-        "max_tool_calling_iterations",
-        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns",
-        "-",
+        Name("max_tool_calling_iterations", "= max_turns - 1: tool rounds after the first generation"),
+        Name(
+            "actor_rollout_ref.rollout.multi_turn.max_assistant_turns",
+            also=("actor_rollout_ref.rollout.multi_turn.enable",),
+        ),
+        Name("-", "the agent function (--train.agent_func_path) decides when an episode ends", builtin=(1,)),
     ),
-    "multi_turn.tool_error": ("-", "-", "-"),
-    "suite_version": ("-", "-", "-"),
+    "multi_turn.tool_error": (
+        Name("-", "a failed tool call's error is fed back", builtin=("feedback",)),
+        Name("-", "the tool agent loop feeds a failed call's error back", builtin=("feedback",)),
+        Name("-", "the agent function decides"),
+    ),
+    "suite_version": (Name("-", "EvoTrainer's diagnostic suite, not a trainer setting", builtin=(None,)),) * 3,
 }
+
+
+def target_keys(target: str) -> frozenset[str]:
+    """Every key the registry names for a target (what an export may set)."""
+    i = TARGETS.index(target)
+    return frozenset(k for names in MAPPINGS.values() for k in (names[i].key, *names[i].also) if k != "-")
+
 
 # A replay recomputes rewards, masks and advantages of stored rollouts; these knobs only change that
 # arithmetic. Every other knob changes what is sampled or how the weights move: it needs a trial.
@@ -100,17 +301,43 @@ class Knob:
     high: float | None
     choices: tuple[Any, ...] | None
     meaning: str
-    trl: str
-    verl: str
-    openrlhf: str
     replayable: bool
+    names: tuple[Name, Name, Name]
+    """Its setting in TRL, verl and OpenRLHF (TARGETS order)."""
+
+    def name(self, target: str) -> Name:
+        return self.names[TARGETS.index(target)]
+
+    @property
+    def trl(self) -> str:
+        return self.names[0].key
+
+    @property
+    def verl(self) -> str:
+        return self.names[1].key
+
+    @property
+    def openrlhf(self) -> str:
+        return self.names[2].key
+
+    def honours(self, target: str, value: Any) -> bool:
+        """Whether `target` can run this knob at `value`, judged from the registry alone (the export
+        also weighs the other knobs: verl's rloo, say, expresses scale_rewards "none" only)."""
+        n = self.name(target)
+        return (n.key != "-" and (not n.only or value in n.only)) or value in n.builtin
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        d["names"] = {t: asdict(n) for t, n in zip(TARGETS, self.names, strict=True)}
+        return {**d, "trl": self.trl, "verl": self.verl, "openrlhf": self.openrlhf}
+
+
+# Under those prefixes, knobs that change what is sampled: dynamic sampling draws more prompts.
+NOT_REPLAYABLE = frozenset({"filters.dynamic_sampling", "filters.max_sampling_rounds"})
 
 
 def is_replayable(path: str) -> bool:
-    return path.startswith(REPLAYABLE_PREFIXES)
+    return path.startswith(REPLAYABLE_PREFIXES) and path not in NOT_REPLAYABLE
 
 
 def _bounds(field) -> tuple[float | None, float | None]:
@@ -162,8 +389,8 @@ def registry() -> tuple[Knob, ...]:
                     None,
                     None,
                     "Weight of one reward term (any term the domain defines); absent terms weigh 0.",
-                    *MAPPINGS["reward_weights.*"],
                     True,
+                    MAPPINGS["reward_weights.*"],
                 )
             )
         else:
@@ -173,7 +400,6 @@ def registry() -> tuple[Knob, ...]:
 
 def _knob(path: str, field, default: Any) -> Knob:
     low, high = _bounds(field)
-    trl, verl, orl = MAPPINGS.get(path, ("-", "-", "-"))
     choices = _choices(field.annotation)
     return Knob(
         path,
@@ -183,10 +409,9 @@ def _knob(path: str, field, default: Any) -> Knob:
         high,
         choices,
         " ".join((field.description or "").split()),
-        trl,
-        verl,
-        orl,
         is_replayable(path),
+        # A knob added without a row has no equivalent anywhere: a backend refuses it until one is added.
+        MAPPINGS.get(path, (Name("-"),) * 3),
     )
 
 

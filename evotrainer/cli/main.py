@@ -5,6 +5,8 @@ from __future__ import annotations
 import typer
 
 from evotrainer.cli import harness, loop, skills, train
+from rich.markup import escape
+
 from evotrainer.cli.common import err
 from evotrainer.errors import UserError
 
@@ -32,7 +34,7 @@ def main() -> None:
     try:
         app(standalone_mode=False)
     except UserError as e:  # ConfigError included
-        err.print(f"[red]error:[/] {e}")
+        err.print(f"[red]error:[/] {escape(str(e))}")  # a key may hold [..]: print it, not its markup
         raise SystemExit(2) from None
     except (typer.Exit, SystemExit) as e:
         raise SystemExit(getattr(e, "exit_code", getattr(e, "code", 0))) from None

@@ -2,20 +2,41 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from evotrainer.config import RunConfig
 from evotrainer.envs.env import Domain
 from evotrainer.envs.registry import warm_start_key
 from evotrainer.errors import ConfigError
-from evotrainer.policies.hf import HFPolicy
+from evotrainer.policies.hf import POLICY_FILE, HFPolicy
 from evotrainer.policies.tiny import tiny_base
+
+
+def check_policy_path(cfg: RunConfig) -> None:
+    """Policy kind hf needs a local model directory at policy.path: checked before a run directory is written."""
+    p = cfg.policy
+    if p.kind != "hf":
+        return
+    if p.path is None:
+        raise ConfigError("policy.path: required when policy.kind is 'hf' (a local model directory)")
+    path = Path(p.path)
+    if not path.is_dir():
+        raise ConfigError(
+            f"policy.path: {path} is not a directory; set policy.path to a local Hugging Face model directory "
+            "(one holding config.json), or policy.kind to tiny"
+        )
+    if not (path / "config.json").exists() and not (path / POLICY_FILE).exists():
+        raise ConfigError(
+            f"policy.path: {path} is not a model directory (no config.json); set policy.path to a local "
+            "Hugging Face model directory (one holding config.json), or policy.kind to tiny"
+        )
 
 
 def load_policy(cfg: RunConfig, domain: Domain, progress=None, log=print) -> HFPolicy:
     """The run's starting policy: a local model directory, or the warm-started tiny default."""
     p = cfg.policy
     if p.kind == "hf":
-        if p.path is None:
-            raise ConfigError("policy.path: required when policy.kind is 'hf' (a local model directory)")
+        check_policy_path(cfg)
         try:
             return HFPolicy.load(p.path, lora_rank=p.lora_rank)
         except FileNotFoundError as e:

@@ -4,6 +4,7 @@ logprobs, checkpoints, and optional LoRA through peft."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.utils import logging as hf_logging
 
 from evotrainer.policies.policy import Sample
+from evotrainer.store.files import fsync_dir, fsync_tree
 
 POLICY_FILE = "evotrainer_policy.json"
 hf_logging.disable_progress_bar()  # our own progress bars say what is happening
@@ -48,6 +50,20 @@ def sequence_logprobs(
     return logp_all.gather(-1, ids[:, 1:, None]).squeeze(-1)
 
 
+def aside(path: Path, what: str) -> Path:
+    """Where save() builds a new checkpoint (`tmp`) or puts the old one while swapping (`old`)."""
+    return path.with_name(f"{path.name}.{what}")
+
+
+def restore_aside(path: Path) -> None:
+    """A save killed between renaming the old checkpoint aside and the new one in leaves nothing at
+    `path`: put the old one back (the new one was never committed)."""
+    old = aside(path, "old")
+    if not path.exists() and old.is_dir():
+        os.replace(old, path)
+        fsync_dir(path.parent)
+
+
 class HFPolicy:
     def __init__(self, model: torch.nn.Module, tokenizer, *, base_path: str | None = None):
         self.model = model
@@ -65,6 +81,7 @@ class HFPolicy:
         """Load a checkpoint written by save(), or any local Hugging Face causal LM directory
         (with a fresh LoRA adapter of `lora_rank` when > 0)."""
         path = Path(path)
+        restore_aside(path)
         if not (path / "config.json").exists() and not (path / POLICY_FILE).exists():
             raise FileNotFoundError(f"policy.path: {path} is not a model directory (no config.json)")
         meta = json.loads((path / POLICY_FILE).read_text()) if (path / POLICY_FILE).exists() else {}
@@ -86,18 +103,35 @@ class HFPolicy:
             return cls(model, tok, base_path=str(path.resolve()))
         return cls(model, tok)
 
-    def save(self, path: str | Path) -> None:
-        """Write model (or LoRA adapter), tokenizer and metadata; written to a temporary directory
-        and renamed, so a reader never sees half a checkpoint."""
+    def save(self, path: str | Path, extra_files: dict[str, bytes] | None = None) -> None:
+        """Write model (or LoRA adapter), tokenizer, metadata and `extra_files` (name: bytes) to a temporary
+        directory, fsync it, and swap it in for the old checkpoint: the old one is renamed aside, the new
+        one renamed in, the parent directory fsynced, and only then is the old one removed. A save killed
+        at any point leaves a whole checkpoint, the old or the new one (load() restores one left aside),
+        and a checkpoint is on disk when save returns."""
         path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
+        tmp, old = aside(path, "tmp"), aside(path, "old")
+        new_parent = not path.parent.exists()
         shutil.rmtree(tmp, ignore_errors=True)
         self.model.save_pretrained(tmp)
         self.tokenizer.save_pretrained(tmp)
         (tmp / POLICY_FILE).write_text(json.dumps({"lora_base": self.base_path}))
+        for name, data in (extra_files or {}).items():
+            (tmp / name).write_bytes(data)
+        fsync_tree(tmp)
+        restore_aside(path)  # an earlier save killed mid-swap: its old checkpoint is the current one
+        shutil.rmtree(old, ignore_errors=True)
         if path.exists():
-            shutil.rmtree(path)
-        tmp.rename(path)
+            os.replace(path, old)
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            restore_aside(path)
+            raise
+        fsync_dir(path.parent)
+        if new_parent:  # save_pretrained made it: its own entry must reach the disk too
+            fsync_dir(path.parent.parent)
+        shutil.rmtree(old, ignore_errors=True)
 
     def fork(self, path: str | Path) -> HFPolicy:
         self.save(path)

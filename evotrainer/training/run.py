@@ -17,7 +17,7 @@ from evotrainer.envs.registry import make_domain
 from evotrainer.evaluation import evaluate, record_eval
 from evotrainer.harness.harness import save_harness
 from evotrainer.harness.rewards import check_terms
-from evotrainer.policies import load_policy
+from evotrainer.policies import check_policy_path, load_policy
 from evotrainer.store.rollouts import RolloutStore
 from evotrainer.training.grpo import GRPOTrainer
 from evotrainer.training.segment import StepContext, train_step
@@ -48,6 +48,7 @@ def train_run(cfg: RunConfig, console: Console | None = None) -> dict:
     # Everything the config can get wrong is checked before the run directory is written.
     domain = make_domain(cfg)
     check_terms(cfg.harness, domain)
+    check_policy_path(cfg)
     run_dir = Path(cfg.run.out_dir) / cfg.run.name
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))

@@ -38,6 +38,7 @@ class MathDomain:
     name = "math"
     stop = ("</answer>",)
     demo_recipe: dict[str, Any] = {}
+    evaluator_packages = ("reasoning-gym", "math-verify")
 
     @classmethod
     def from_config(cls, env: MathConfig, *, seed: int, heldout_size: int) -> MathDomain:
@@ -53,6 +54,7 @@ class MathDomain:
         self, datasets: list[dict[str, Any]], *, seed: int, train_size: int, heldout_size: int, scorer: str = "dataset"
     ):
         """datasets: [{name, weight, difficulty, config}] as in envs/math/config.py MathDataset."""
+        self.evaluator_settings = {"datasets": datasets, "scorer": scorer}
         if not datasets:
             raise ValueError("env.datasets must list at least one reasoning-gym dataset")
         self.scorer = scorer
@@ -60,6 +62,8 @@ class MathDomain:
         self._datasets: dict[str, Any] = {}
         self._splits: dict[str, list[Task]] = {"train": [], "heldout": []}
         heldout_prompts: set[str] = set()
+        seen: list[set[str]] = [set() for _ in datasets]  # distinct questions drawn, per dataset
+        asked: list[dict[str, tuple[int, int, int]]] = [{} for _ in datasets]  # {split: (asked, kept, size)}
         # Held-out first, so that the train pool can exclude every held-out question.
         for split, size, offset in (("heldout", heldout_size, _HELDOUT_SEED_OFFSET), ("train", train_size, 0)):
             for k, d in enumerate(datasets):
@@ -80,6 +84,7 @@ class MathDomain:
                     if kept == n:
                         break
                     q = entry["question"]
+                    seen[k].add(q)
                     if split == "train" and q in heldout_prompts:
                         continue
                     if split == "heldout":
@@ -96,6 +101,9 @@ class MathDomain:
                             data={"dataset": key, "entry": entry, "answer": str(entry["answer"])},
                         )
                     )
+                asked[k][split] = (n, kept, size)
+        for k, d in enumerate(datasets):
+            check_question_space(k, d, len(seen[k]), len(seen[k] - heldout_prompts), asked[k])
         self.reward_terms = {"correct": self.correct, "format": format_reward, "contains_answer": contains_answer}
 
     def tasks(self, split: str) -> list[Task]:
@@ -125,6 +133,23 @@ class MathDomain:
             return False
         m = STRICT_RE.fullmatch(turns[0].action)
         return bool(m) and self.score(task, m.group(1)) == 1.0
+
+
+def check_question_space(k: int, d: dict[str, Any], distinct: int, train: int, asked: dict) -> None:
+    """A dataset whose question space is too small for the splits asked of it: the held-out set comes up
+    short, or takes so much of the space that far fewer distinct questions are left to train on than
+    are held out (or asked for). `distinct`: questions drawn; `train`: distinct ones left for training;
+    `asked`: {split: (asked of this dataset, kept, the split's size)} (held-out questions are distinct)."""
+    (n_h, held, size_h), (n_t, _, size_t) = asked["heldout"], asked["train"]
+    if held >= n_h and 2 * train >= min(n_t, held):
+        return
+    raise ValueError(
+        f"env.datasets[{k}]: {d['name']!r} with config {d['config']} has only {distinct} distinct questions; "
+        f"eval.heldout_size={size_h} holds out {held} of them (asked: {n_h}), leaving {train} distinct ones to "
+        f"train on (env.train_size={size_t} asks for {n_t}; raising it does not help, the held-out set is drawn "
+        f"first). To fix: lower eval.heldout_size to about {max(1, size_h * (distinct // 2) // n_h)} (half the "
+        "questions), or widen the dataset's config (more digits or terms) so that it has more distinct questions"
+    )
 
 
 def prompt_text(question: str) -> str:

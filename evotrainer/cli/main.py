@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import typer
-
-from evotrainer.cli import harness, loop, skills, train
 from rich.markup import escape
 
+from evotrainer.cli import harness, loop, skills, train
 from evotrainer.cli.common import err
 from evotrainer.errors import UserError
 

@@ -82,7 +82,9 @@ BUILTIN_DOMAINS: dict[str, type[BaseModel]] = {
 
 def _domain_of(raw: Any) -> str:
     """The union's tag: the `domain` field (math when absent, the default domain)."""
-    return (raw.get("domain", "math") if isinstance(raw, dict) else getattr(raw, "domain", "math")) or "math"
+    tag = (raw.get("domain", "math") if isinstance(raw, dict) else getattr(raw, "domain", "math")) or "math"
+    # A list or mapping is no tag: as a string it matches no domain and fails as "env.domain" like any typo.
+    return tag if isinstance(tag, str) else str(tag)
 
 
 # The env section: one typed config per domain, chosen by `env.domain`. Each domain folder owns its
@@ -161,25 +163,50 @@ class LoopSection(_Section):
     """How trial arms run: one after another in this process, or in parallel worker processes."""
     workers: int = Field(2, ge=1, le=256)
     """Worker processes for executor `process`."""
+    race_checkpoints: int = Field(3, ge=0, le=16)
+    """Checkpoints at which the arms are evaluated on the gate tasks during a trial (evenly spaced);
+    a candidate that cannot win stops there. 0: every arm runs its full length."""
+    max_trial_share: float = Field(0.25, gt=0.0, le=1.0)
+    """Largest share of the generated-token budget (of the run's spend, without a token cap) that arms
+    which end discarded may take: race losers, confirmations, A-A arms, and the control or the winner
+    that the mainline does not continue from. A round that would pass it trials fewer candidates, or
+    none, and the mainline trains on."""
+    reject_expiry_steps: int = Field(60, ge=0)
+    """A rejected intervention may be proposed again under the same signature once the mainline has moved
+    on: after a promotion, or this many steps (0: only after a promotion)."""
 
 
 class GateSection(_Section):
     """The promotion gate. Evaluator-owned like `eval`: no intervention can touch it."""
 
-    statistic: Literal["bootstrap", "sign"] = "bootstrap"
-    """Paired test over held-out tasks: a paired bootstrap confidence interval of the accuracy
-    difference, or an exact sign test on the tasks where the two arms disagree."""
+    statistic: Literal["two_stage", "sign", "bootstrap"] = "two_stage"
+    """`two_stage`: the race's best candidate is confirmed on fresh seeds (with a control replicate,
+    which is also an A-A measurement) and the two stages' evidence is combined, the race's adjusted for
+    the round's K candidates; `sign`: one stage, each candidate's test Holm-corrected across the round
+    (needs A-A arms: aa_control promotion or round). Both test wins over losses on the gate tasks with
+    the run's measured seed-to-seed overdispersion, never below the exact sign test. `bootstrap`:
+    accepted from older configs and run as `sign` (a percentile bootstrap is permissive when few tasks
+    disagree)."""
     level: float = Field(0.95, gt=0.5, lt=1.0)
-    """Confidence level: the bootstrap's one-sided lower bound must be above 0 (or the sign test's
-    one-sided p below 1 - level)."""
+    """1 - the chance per round of promoting a candidate that is no better than the control."""
     resamples: int = Field(2000, ge=100)
-    """Bootstrap resamples."""
-    aa_control: Literal["promotion", "round"] = "promotion"
-    """When the A-A control (the control harness trained again on other seeds) is re-measured:
-    at the start and after each promotion, or every round."""
+    """Bootstrap resamples of the interval reported beside a verdict (the decision does not use it)."""
+    aa_control: Literal["confirmation", "promotion", "round"] = "confirmation"
+    """Where the A-A measurements (the control harness trained again on other seeds) come from: each
+    confirmation's control replicate; or also an A-A arm at the start and after each promotion; or one
+    every round. Only pairs under the mainline's current harness enter its noise estimate."""
     final_fraction: float = Field(0.5, gt=0.0, lt=1.0)
     """Share of the held-out tasks kept out of every gate decision and read only at the start and at
     the end, so the final accuracy is not inflated by selection on the same tasks."""
+
+    @model_validator(mode="after")
+    def _check(self) -> GateSection:
+        if self.statistic != "two_stage" and self.aa_control == "confirmation":
+            raise ValueError(
+                "gate.aa_control: a one-stage statistic has no confirmation to measure the noise on; "
+                "set gate.aa_control to promotion or round, or gate.statistic to two_stage"
+            )
+        return self
 
 
 class BudgetSection(_Section):
@@ -240,9 +267,16 @@ class RunConfig(_Section):
 
     @model_validator(mode="before")
     @classmethod
-    def _legacy_env(cls, raw: Any) -> Any:
-        if isinstance(raw, dict) and isinstance(raw.get("env"), dict):
-            return {**raw, "env": _drop_other_domains_defaults(raw["env"])}
+    def _legacy(cls, raw: Any) -> Any:
+        """Configs written by earlier versions: an undivided env section; the gate's old statistic."""
+        if not isinstance(raw, dict):
+            return raw
+        if isinstance(raw.get("env"), dict):
+            raw = {**raw, "env": _drop_other_domains_defaults(raw["env"])}
+        gate = raw.get("gate")
+        if isinstance(gate, dict) and gate.get("statistic") == "bootstrap":
+            # An older run's one-stage test, as it started, with its A-A arms.
+            raw = {**raw, "gate": {**gate, "statistic": "sign", "aa_control": gate.get("aa_control", "promotion")}}
         return raw
 
 

@@ -3,19 +3,23 @@ no harness (greedy decoding, its own token and turn caps) and scores with the do
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import inspect
 import json
+import platform
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 import torch
 from rich.progress import Progress
 
-from evotrainer import sandbox
+from evotrainer import sandbox, types
 from evotrainer.config import EvalSection, RunConfig
 from evotrainer.envs.env import Domain
 from evotrainer.harness.rewards import score
+from evotrainer.policies import hf
 from evotrainer.policies.hf import HFPolicy
 from evotrainer.store.rollouts import RolloutStore
 from evotrainer.training import rollout
@@ -34,23 +38,77 @@ class EvalResult:
     evaluator_hash: str
 
 
-def evaluator_hash(domain: Domain, tasks: list[Task], cfg: EvalSection) -> str:
-    """Hash of the evaluator's code (this module, the episode runner, the domain's package, e.g. envs/swe/
-    with its runner and repository generator, and the sandbox that runs hidden tests) and of its data."""
-    h = hashlib.sha256()
+# Packages whose version can change an outcome on any domain (decoding); a domain names its scorers'.
+DECODING_PACKAGES = ("torch", "transformers", "tokenizers")
+
+
+def evaluator_identity(domain: Domain, tasks: list[Task], cfg: EvalSection) -> dict[str, str]:
+    """Everything that can change an evaluator outcome, one digest (or version) per component, so a
+    mismatch can say what changed: the code (this module, the episode runner, the policy's decoding,
+    the task type, the domain's package, e.g. envs/swe/ with its test runner, and the sandbox that runs
+    hidden tests; Python files by their syntax tree, so reformatting changes nothing), the settings
+    (eval, and the domain's own: math's scorer, SWE's observation cap...), the data (every held-out
+    task with its hidden data, e.g. hidden tests) and the versions of Python and of the packages that
+    decode and score."""
     module = Path(inspect.getfile(type(domain)))
+    root = Path(__file__).parent
     files = [
         Path(__file__),
         Path(rollout.__file__),
+        Path(hf.__file__),
+        Path(types.__file__),
         *sorted(module.parent.glob("*.py")),
         *sorted(Path(sandbox.__file__).parent.glob("*.py")),
     ]
-    for f in dict.fromkeys(files):
-        h.update(f.read_bytes())
-    h.update(cfg.model_dump_json().encode())
-    for t in tasks:
-        h.update(json.dumps([t.id, t.prompt, t.data.get("answer")], default=str).encode())
-    return "e-" + h.hexdigest()[:12]
+    parts = {
+        f"code:{f.relative_to(root.parent) if f.is_relative_to(root.parent) else f}": _code_digest(f)
+        for f in dict.fromkeys(files)
+    }
+    parts["settings:eval"] = _digest(cfg.model_dump(mode="json"))
+    parts["settings:domain"] = _digest(domain.evaluator_settings)
+    parts["data:tasks"] = _digest([[t.id, t.split, t.prompt, t.data] for t in tasks])
+    parts["version:python"] = platform.python_version()
+    for pkg in (*DECODING_PACKAGES, *domain.evaluator_packages):
+        try:
+            parts[f"version:{pkg}"] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            parts[f"version:{pkg}"] = "absent"
+    return parts
+
+
+def identity_hash(parts: dict[str, str]) -> str:
+    return "e-" + hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def evaluator_hash(domain: Domain, tasks: list[Task], cfg: EvalSection) -> str:
+    return identity_hash(evaluator_identity(domain, tasks, cfg))
+
+
+def what_changed(old: dict[str, str], new: dict[str, str]) -> list[str]:
+    """The components that differ, readably: `version:torch 2.13.0 -> 2.14.1`, `code:evotrainer/... changed`."""
+    out = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        if a != b:
+            out.append(
+                f"{k} {a or 'absent'} -> {b or 'absent'}"
+                if k.startswith("version:")
+                else f"{k} {'added' if a is None else 'removed' if b is None else 'changed'}"
+            )
+    return out
+
+
+def _digest(obj: object) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _code_digest(f: Path) -> str:
+    text = f.read_text()
+    try:
+        text = ast.dump(ast.parse(text))
+    except SyntaxError:
+        pass
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @torch.no_grad()

@@ -19,7 +19,7 @@ from evotrainer.backtest.trial import ArmResult
 from evotrainer.config import RunConfig
 from evotrainer.report import write_report
 from evotrainer.report.console import Narrator
-from evotrainer.stages import decide, evidence, search, start
+from evotrainer.stages import decide, evidence, race, search, start
 from evotrainer.stages.context import RunContext, run_stage
 from evotrainer.stages.results import (
     DiagnoseResult,
@@ -38,10 +38,12 @@ from evotrainer.store.files import atomic_write_json
 from evotrainer.types import branch_id
 
 
-def run_loop(cfg: RunConfig, console: Console | None = None, resume: bool = False) -> dict[str, Any]:
+def run_loop(
+    cfg: RunConfig, console: Console | None = None, resume: bool = False, accept_evaluator_change: bool = False
+) -> dict[str, Any]:
     tell = Narrator(console or Console())
     # -- 0. open the run: every config mistake is caught before anything is written --------------------------
-    ctx = start.open_run(cfg, resume)
+    ctx = start.open_run(cfg, resume, accept_evaluator_change)
     started = run_stage(ctx, 0, "start", StartResult, lambda: start.start(ctx, tell.say))
     head = started.head
     tell.opened(str(ctx.run_dir), cfg.env.domain, len(ctx.gate_ids), len(ctx.final_ids), started.final_accuracy)
@@ -96,7 +98,7 @@ def run_round(ctx: RunContext, tell: Narrator, rnd: int, head: Mainline) -> tupl
     # A segment whose own window carries a validity finding is not built on: the arms fork from where the
     # round started, so the remedy is tried on a policy the exploit never touched.
     taint = gate.tainted(own)
-    tried = run_stage(ctx, rnd, "trial", TrialResult, lambda: decide.trial(ctx, rnd, head, seg, survivors, taint))
+    tried = run_stage(ctx, rnd, "trial", TrialResult, lambda: race.trial(ctx, rnd, head, seg, survivors, taint))
     tell.trial(tried, head.branch, taint)
     if tried.abandoned:
         return head.at(seg.branch, seg.checkpoint, seg.last_step), tried.abandoned

@@ -79,15 +79,18 @@ def _json(value: Any) -> str:
 
 
 # -- the naming scheme of a run's branches and trials (the loop, the report and the tests use these) --------
-_ROLE_SUFFIX = {"segment": "seg", "control": "ctl", "aa": "aa"}
+_ROLE_SUFFIX = {"segment": "seg", "control": "ctl", "aa": "aa", "control_replicate": "ctlr"}
 
 
 def branch_id(rnd: int, role: str, k: int = 0) -> str:
     """`base` (round 0), then per round: `r01-seg` (the mainline's segment), `r01-ctl` (the control: the
-    harness carried on), `r01-c1`, `r01-c2`... (candidates) and `r01-aa` (the A-A control)."""
+    harness carried on), `r01-c1`, `r01-c2`... (candidates), `r01-aa` (an A-A control), and the
+    confirmation's `r01-c2r` (candidate 2 on fresh seeds) and `r01-ctlr` (the control on those seeds)."""
     if role == "base":
         return "base"
-    return f"r{rnd:02d}-" + (f"c{k}" if role == "candidate" else _ROLE_SUFFIX[role])
+    if role in ("candidate", "replicate"):
+        return f"r{rnd:02d}-c{k}" + ("r" if role == "replicate" else "")
+    return f"r{rnd:02d}-" + _ROLE_SUFFIX[role]
 
 
 def trial_id(rnd: int, k: int) -> str:

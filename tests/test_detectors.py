@@ -133,6 +133,14 @@ def test_zero_variance_groups(store):
     assert list(f.evidence) == [rid(8, 0), rid(8, 4), rid(8, 8), rid(7, 0), rid(7, 4), rid(7, 8), rid(6, 0), rid(6, 4)]
     assert "sampling.num_generations" in f.knobs and "filters.zero_std_threshold" in f.knobs
     assert (f.branch, f.first_step, f.last_step) == ("main", 0, 10_000)
+    # Dead groups below the live groups' mean (0.3 against 0.5): hopeless prompts, not solved ones.
+    assert "curriculum.hard_threshold" in f.knobs and "filters.dynamic_sampling" in f.knobs
+
+
+def test_dead_groups_of_solved_prompts_name_the_easy_threshold(store):
+    write(store, reward=lambda s, g, i: float(i % 2) if g == 3 else 1.0)
+    [f] = detect(store, "zero_variance_groups")
+    assert "curriculum.easy_threshold" in f.knobs and "curriculum.hard_threshold" not in f.knobs
 
 
 def test_zero_variance_groups_below_threshold_is_quiet(store):
@@ -148,7 +156,7 @@ def test_plateau(store):
         reward=lambda s, g, i: 0.1 * i,
     )
     [f] = detect(store, "plateau")
-    assert f.value < 1e-3 and f.knobs[0] == "curriculum.levels"
+    assert f.value < 1e-3 and f.knobs[0] == "optimizer.learning_rate" and "loss.entropy_coef" in f.knobs
     assert list(f.evidence) == [rid(24, k) for k in (0, 4, 8, 12, 1, 5, 9, 13)]  # last step, lowest reward first
 
 

@@ -189,3 +189,76 @@ def test_a_fork_trains_with_its_own_harness_learning_rate(math_setup, tmp_path):
     child.update(eps, adv, [True] * len(eps))
     twin.update(eps, adv, [True] * len(eps))
     assert any(not torch.equal(p, q) for p, q in zip(child.policy.model.parameters(), twin.policy.model.parameters()))
+
+
+def _deltas(policy, before) -> torch.Tensor:
+    return torch.cat([(p.detach() - b).flatten() for p, b in zip(policy.model.parameters(), before, strict=True)])
+
+
+def test_masking_changes_which_tokens_drive_a_dapo_step_not_its_size(math_setup, tmp_path):
+    """The dapo denominator counts every episode's action tokens, masked or not (as documented): masking
+    episodes gives the same step as keeping them with zero advantage. With the denominator over the
+    kept episodes only, masking half the batch would double the others' step."""
+    eps, rewards = _batch(math_setup, seed=3)
+    adv = _adv(rewards)
+    masked = [i % 2 == 0 for i in range(len(eps))]
+    zeroed = adv.clone()
+    zeroed[[i for i, m in enumerate(masked) if not m]] = 0.0
+    cfg, domain, base = math_setup
+    h = Harness(loss={"loss_type": "dapo"}, optimizer={"learning_rate": 1e-3})
+    steps = []
+    for name, a, keep in (("mask", adv, masked), ("zero", zeroed, [True] * len(eps))):
+        policy = base.fork(tmp_path / name)
+        before = [p.detach().clone() for p in policy.model.parameters()]
+        torch.manual_seed(0)
+        GRPOTrainer(policy, h).update(eps, a, keep)
+        steps.append(_deltas(policy, before))
+    assert steps[0].abs().sum() > 0
+    assert torch.allclose(steps[0], steps[1], atol=1e-7)
+
+
+def test_the_kl_reference_is_the_run_s_base_whatever_arm_the_trainer_forks_from(math_setup, tmp_path):
+    """With beta > 0 the penalty is to the initial model (TRL's meaning): a trainer forked from a trained
+    arm and given the base as reference sees a KL above zero from its first step; without a reference
+    it would measure against itself (zero)."""
+    cfg, domain, base = math_setup
+    h = Harness(loss={"beta": 0.04, "loss_type": "grpo"}, optimizer={"learning_rate": 5e-3})
+    GRPOTrainer(base.fork(tmp_path / "b"), h).save(tmp_path / "base-ckpt")
+    moved = base.fork(tmp_path / "moved")
+    trainer = GRPOTrainer(moved, h)
+    for seed in range(3):
+        eps, rewards = _batch(math_setup, seed=seed)
+        trainer.update(eps, _adv(rewards), [True] * len(eps))
+    eps, rewards = _batch(math_setup, seed=9)
+    to_self = GRPOTrainer(moved, h).update(eps, _adv(rewards), [True] * len(eps))["kl"]
+    to_base = GRPOTrainer(moved, h, reference=tmp_path / "base-ckpt").update(eps, _adv(rewards), [True] * len(eps))[
+        "kl"
+    ]
+    assert to_self == pytest.approx(0.0, abs=1e-6) and to_base > 1e-4
+
+
+def test_an_entropy_bonus_is_in_the_loss_and_logged(math_setup, tmp_path):
+    eps, rewards = _batch(math_setup, seed=4)
+    cfg, domain, base = math_setup
+    out, steps = [], []
+    for coef in (0.0, 0.05):
+        policy = base.fork(tmp_path / f"e{coef}")
+        before = [p.detach().clone() for p in policy.model.parameters()]
+        h = Harness(loss={"entropy_coef": coef}, optimizer={"learning_rate": 1e-3})
+        out.append(GRPOTrainer(policy, h).update(eps, _adv(rewards), [True] * len(eps)))
+        steps.append(_deltas(policy, before))
+    assert math.isnan(out[0]["entropy/trained"]) and out[1]["entropy/trained"] > 0
+    assert not torch.allclose(steps[0], steps[1])
+
+
+def test_the_learning_rate_follows_the_schedule_by_global_step():
+    from evotrainer.harness.harness import Optimizer
+    from evotrainer.training.grpo import lr_factor
+
+    o = Optimizer(learning_rate=1e-3, warmup_steps=10, lr_decay="cosine", decay_steps=110, min_lr_ratio=0.1)
+    assert [round(lr_factor(o, t), 3) for t in (1, 5, 10, 60, 110, 500)] == [0.1, 0.5, 1.0, 0.55, 0.1, 0.1]
+    lin = Optimizer(lr_decay="linear", decay_steps=100)
+    assert lr_factor(lin, 50) == pytest.approx(0.5) and lr_factor(Optimizer(), 10_000) == 1.0
+    # A decay without steps to reach its floor is refused with the fix in the message.
+    with pytest.raises(ValueError, match="decay_steps"):
+        Harness(optimizer={"lr_decay": "cosine", "warmup_steps": 50, "decay_steps": 20})

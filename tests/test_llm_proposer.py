@@ -455,7 +455,15 @@ def test_a_valid_agent_detector_is_admitted_after_backtest_and_cites_its_query_r
         r["id"]
         for r in store.sql("SELECT id FROM rollouts WHERE branch = 'r01-seg' AND split = 'train' AND audit = false")
     }
-    assert f.validity and f.evidence and set(f.evidence) <= failed
+    assert f.evidence and set(f.evidence) <= failed
+    # It flags audit failures the window's reward does not pay (a tiny policy's wrong answers): admitted as a
+    # validity detector, its finding on this window is weighed and stays a warning, with its figures.
+    row = store.sql(
+        "SELECT count(*) AS n, count(*) FILTER (WHERE reward >= 0.5) AS paid FROM rollouts "
+        "WHERE branch = 'r01-seg' AND split = 'train' AND audit = false"
+    )[0]
+    counts = row["n"] < 10 or row["paid"] / row["n"] >= 0.5  # suite.WEIGH_MIN_AUDITED, suite.PAID_FAILING
+    assert f.validity == counts and (f.demoted == "") == counts
     # Had the round's trial been promoted, a validity detector firing on its window would flip that
     # verdict to a rejection: refused.
     [cand] = past

@@ -22,7 +22,15 @@ from evotrainer.types import branch_id
 
 
 def loop_config(tmp, **sections):
-    loop = {"segment_steps": 3, "trial_steps": 4, "candidates": 2, "max_rounds": 2, "skills_dir": str(tmp / "skills")}
+    # No token budget here: the trial share cap is off, so the rounds race both candidates.
+    loop = {
+        "segment_steps": 3,
+        "trial_steps": 4,
+        "candidates": 2,
+        "max_rounds": 2,
+        "skills_dir": str(tmp / "skills"),
+        "max_trial_share": 1.0,
+    }
     loop.update(sections.pop("loop", {}))
     return small_config(tmp, loop=loop, **sections)
 
@@ -48,19 +56,24 @@ def test_a_round_runs_every_stage_and_records_it(loop_run):
     assert {(0, "start"), (0, "final")} <= done
     assert summary["rounds"] == 2 and summary["stop_reason"] == "loop.max_rounds=2"
     branches = {b["id"]: b for b in ledger.branches()}
-    # Candidates and control fork from the round's segment, on the same steps; from where the round
-    # started instead when the segment carries a validity finding. The A-A control runs in round 1.
+    # The race's arms fork from the round's segment, on the same first step (from where the round started
+    # instead when the segment carries a validity finding), each on its own seeds; a loser stopped early;
+    # a finalist was confirmed beside a control replicate.
     for rnd in (1, 2):
         seg = branches[branch_id(rnd, "segment")]
         tainted = any(f.validity for st in ("diagnose", "revise") for f in read_stage(ledger, rnd, st).findings)
         arms = [b for b in branches.values() if b["round"] == rnd and b["kind"] != "segment"]
         assert {b["kind"] for b in arms} >= {"control"}
-        assert len({(b["first_step"], b["last_step"]) for b in arms}) == 1
+        assert len({b["first_step"] for b in arms}) == 1 and len({b["seed"] for b in arms}) == len(arms)
         for b in arms:
             assert (b["parent"], b["first_step"]) == (
                 (seg["parent"], seg["first_step"]) if tainted else (seg["id"], seg["last_step"] + 1)
             )
-    assert branches[branch_id(1, "aa")]["seed"] != branches[branch_id(1, "control")]["seed"]
+        tried = read_stage(ledger, rnd, "trial")
+        for a in tried.arms:
+            assert (a.last_step < seg["last_step"] + cfg.loop.trial_steps) == bool(a.stopped)
+        if tried.finalist:
+            assert {branch_id(rnd, "replicate", tried.finalist), branch_id(rnd, "control_replicate")} <= set(branches)
 
 
 def test_verdicts_carry_statistic_noise_findings_budget_and_evaluator_hash(loop_run):
@@ -77,13 +90,17 @@ def test_verdicts_carry_statistic_noise_findings_budget_and_evaluator_hash(loop_
         assert v["decision"] in ("promote", "reject")
         assert v["evaluator_hash"] == expected
         s = v["statistic"]
-        assert s["test"] == "paired_bootstrap" and s["n"] == len(gate_ids)
-        assert s["delta"] == pytest.approx(s["candidate_accuracy"] - s["control_accuracy"])
-        assert "abs_delta" in v["noise"] and "margin" in v["noise"]
+        assert s["test"] in ("race", "two_stage") and s["candidates"] >= 1
+        if s["test"] == "race":  # stopped, or not the race's best: the race's own comparison is on record
+            assert s["delta"] == pytest.approx(s["candidate_accuracy"] - s["control_accuracy"])
+            assert ("stopped" in s) == ("stopped_early" in v["reasons"])
+        else:  # the finalist: both stages, and the effect on record is the confirmation's
+            assert s["delta"] == s["stage2"]["delta"] and s["selected_delta"] == s["stage1"]["delta"]
+        assert {"phi", "pairs_used", "valid"} <= set(v["noise"])
         assert v["budget"]["candidate"]["generated_tokens"] > 0
         assert (v["decision"] == "promote") == (not v["reasons"])
         if v["decision"] == "promote":
-            assert s["lower"] > 0 and s["delta"] > v["noise"]["margin"]
+            assert s["p"] <= 1 - cfg.gate.level and v["noise"]["valid"]
     store = RolloutStore(run_dir / "store")
     ids = {r["id"] for r in store.sql("SELECT id FROM rollouts")}
     for v in verdicts:

@@ -5,54 +5,31 @@ evaluator hash, whatever the decision."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
-from evotrainer.config import GateSection
+from evotrainer.backtest.replay import load_columns
+from evotrainer.backtest.statistics import Noise, Pair, combine, p_value, sign_p
 from evotrainer.diagnostics.detector import Finding
+from evotrainer.diagnostics.suite import Suite
+from evotrainer.harness.harness import Harness
+from evotrainer.harness.rewards import total_reward
+from evotrainer.store.files import sql_str
+from evotrainer.store.rollouts import RolloutStore
 
 # Validity margins. Fixed, not configurable: they are part of what "valid" means, and a proposer
 # or harness change must not be able to loosen them.
 GAP_WIDENING = 0.05  # share of rewarded train rollouts failing the audit, candidate minus control
 REWARD_RISE = 0.10  # candidate's in-arm reward rise beyond the control's ...
 AUDIT_FLAT = 0.0  # ... while its train audit pass rate is no better than the control's
-
-
-def paired(a: dict[str, bool], b: dict[str, bool]) -> tuple[list[str], np.ndarray, np.ndarray]:
-    ids = sorted(set(a) & set(b))
-    return ids, np.array([a[i] for i in ids], dtype=float), np.array([b[i] for i in ids], dtype=float)
-
-
-def bootstrap(cand: np.ndarray, ctrl: np.ndarray, level: float, resamples: int, seed: int) -> dict[str, float]:
-    """Paired bootstrap over tasks of mean(cand - ctrl): the mean and a one-sided lower bound at `level`
-    (and the two-sided interval at the same level, for the report)."""
-    d = cand - ctrl
-    rng = np.random.default_rng(seed)
-    means = d[rng.integers(0, len(d), size=(resamples, len(d)))].mean(axis=1) if len(d) else np.zeros(1)
-    return {
-        "delta": float(d.mean()) if len(d) else 0.0,
-        "lower": float(np.quantile(means, 1 - level)),
-        "ci_low": float(np.quantile(means, (1 - level) / 2)),
-        "ci_high": float(np.quantile(means, 1 - (1 - level) / 2)),
-        "n": int(len(d)),
-    }
-
-
-def sign_test(cand: np.ndarray, ctrl: np.ndarray) -> dict[str, float]:
-    """Exact one-sided sign test on the tasks where the arms disagree (McNemar's exact form)."""
-    wins, losses = int(((cand == 1) & (ctrl == 0)).sum()), int(((cand == 0) & (ctrl == 1)).sum())
-    n = wins + losses
-    p = sum(math.comb(n, k) for k in range(wins, n + 1)) / 2**n if n else 1.0
-    return {
-        "delta": float((cand - ctrl).mean()) if len(cand) else 0.0,
-        "wins": wins,
-        "losses": losses,
-        "p": p,
-        "n": int(len(cand)),
-    }
+# The two-stage test's constants, fixed for the same reason (benchmarks/gate_calibration.py measured the
+# false-promotion rate and the power with exactly these).
+CONFIRM_WEIGHT = 0.8  # weight of the confirmation in the inverse-normal combination (the race's: 0.6)
+CONFIRM_P_MAX = 0.3  # the confirmation's own p must be at most this: it leans the same way
+SCREEN = 0.5  # a race winner whose adjusted stage-1 p is above this is not worth a confirmation
+BASE_DOF = 30.0  # degrees of freedom of the noise model's t reference, plus one per A-A pair
 
 
 @dataclass
@@ -79,35 +56,11 @@ class Verdict:
         return asdict(self)
 
 
-def decide(
-    cand_outcomes: dict[str, bool],
-    ctrl_outcomes: dict[str, bool],
-    cand: ArmEvidence,
-    ctrl: ArmEvidence,
-    noise: dict[str, Any],
-    cfg: GateSection,
-    evaluator_hash: str,
-    seed: int,
-) -> Verdict:
-    """(a) a paired win at the configured level, larger than the A-A noise; (b) no validity finding on
-    the candidate's window, no widened reward-audit gap, no reward rise the audit does not follow."""
-    ids, c, k = paired(cand_outcomes, ctrl_outcomes)
-    reasons: list[str] = []
-    if cfg.statistic == "bootstrap":
-        stat = {"test": "paired_bootstrap", "level": cfg.level, **bootstrap(c, k, cfg.level, cfg.resamples, seed)}
-        supported = stat["lower"] > 0
-    else:
-        stat = {"test": "sign", "level": cfg.level, **sign_test(c, k)}
-        supported = stat["p"] < 1 - cfg.level
-    stat["candidate_accuracy"] = float(c.mean()) if len(c) else 0.0
-    stat["control_accuracy"] = float(k.mean()) if len(k) else 0.0
-    margin = float(noise.get("abs_delta", 0.0))
-    if not supported:
-        reasons.append("no_supported_gain")
-    if stat["delta"] <= margin:
-        reasons.append("within_noise")
-    validity = [f for f in cand.findings if f.validity]
-    reasons += [f"validity:{f.name}" for f in validity]
+def validity_reasons(cand: ArmEvidence, ctrl: ArmEvidence, stat: dict[str, Any]) -> list[str]:
+    """The candidate's own window carries a validity finding its reward pays (demoted ones do not count),
+    its reward-audit gap widened, or its reward rose beyond the control's while its audit did not follow
+    (both measured under one reward function, see arm_evidence). The figures go into `stat`."""
+    reasons = [f"validity:{f.name}" for f in cand.findings if f.validity]
     stat["gap_candidate"], stat["gap_control"] = cand.gap, ctrl.gap
     if cand.gap is not None and ctrl.gap is not None and cand.gap - ctrl.gap > GAP_WIDENING:
         reasons.append("reward_audit_gap_widened")
@@ -120,45 +73,108 @@ def decide(
         and cand.audit_pass - ctrl.audit_pass <= AUDIT_FLAT
     ):
         reasons.append("reward_up_audit_flat")
-    return Verdict(
-        "reject" if reasons else "promote",
-        reasons,
-        stat,
-        {**noise, "margin": margin},
-        [f.to_record() for f in cand.findings],
-        evaluator_hash,
-    )
+    return reasons
 
 
-def aa_noise(
-    ctrl_outcomes: dict[str, bool], aa_outcomes: dict[str, bool], cfg: GateSection, seed: int
-) -> dict[str, Any]:
-    """The run's own noise: the control harness trained twice on different seeds, compared like a trial."""
-    _, a, b = paired(aa_outcomes, ctrl_outcomes)
-    s = bootstrap(a, b, cfg.level, cfg.resamples, seed)
-    return {
-        "abs_delta": abs(s["delta"]),
-        "delta": s["delta"],
-        "ci_low": s["ci_low"],
-        "ci_high": s["ci_high"],
-        "n": s["n"],
+def finalist(stage1: list[Pair | None], noise: Noise) -> tuple[int | None, str]:
+    """Stage 1's pick: the candidate that finished the race furthest ahead of the control (None entries
+    stopped early), if it is ahead and worth a confirmation: its stage-1 p, Bonferroni-adjusted for the
+    round's K candidates, at most SCREEN (a cost screen; the decision is the combined test). Returns
+    (1-based index or None, why not)."""
+    ahead = [(p.wins - p.losses, j) for j, p in enumerate(stage1, 1) if p is not None and p.wins > p.losses]
+    if not ahead:
+        return None, "no candidate finished ahead of the control"
+    _, j = max(ahead)
+    p1 = min(1.0, len(stage1) * p_value(stage1[j - 1], noise))
+    if p1 > SCREEN:
+        return None, f"the best (candidate {j}) is not worth a confirmation: adjusted stage-1 p {p1:.3f} > {SCREEN}"
+    return j, ""
+
+
+def two_stage(stage1: Pair, stage2: Pair, k: int, noise: Noise, level: float) -> tuple[dict[str, Any], list[str]]:
+    """The finalist's test: stage 1 (the race, its p Bonferroni-adjusted for the K candidates it was
+    selected from) combined with stage 2 (the confirmation on fresh seeds, which selection never saw) by
+    a weighted inverse-normal combination; the confirmation must also lean the same way on its own. The
+    noise model must rest on at least one A-A pair. Returns the statistic and the reasons against."""
+    p1 = min(1.0, k * p_value(stage1, noise))
+    p2 = p_value(stage2, noise)
+    p = combine(p1, p2, CONFIRM_WEIGHT)
+    stat = {
+        "test": "two_stage",
+        "level": level,
+        "candidates": k,
+        "p": p,
+        "phi": noise.phi,
+        "noise_pairs": noise.pairs,
+        "dof": noise.dof,
+        "stage1": {**asdict(stage1), "delta": stage1.delta, "p_adjusted": p1},
+        "stage2": {**asdict(stage2), "delta": stage2.delta, "p": p2},
+        # The effect on record is the confirmation's: the race's is inflated by its selection.
+        "delta": stage2.delta,
+        "selected_delta": stage1.delta,
     }
+    reasons = []
+    if not noise.valid:
+        reasons.append("no_valid_noise_estimate")
+    if p > 1 - level or p2 > CONFIRM_P_MAX or stage2.delta <= 0:
+        reasons.append("no_supported_gain")
+    return stat, reasons
 
 
-def arm_evidence(store, suite, branch: str, first: int, last: int, reward_rise: float) -> ArmEvidence:
-    """Run the suite over an arm's window (its findings are stored: they are evidence) and read its
-    train-audit statistics from the store."""
+def single_stage(pairs: list[Pair], noise: Noise, level: float) -> list[tuple[dict[str, Any], list[str]]]:
+    """Without a confirmation (gate.statistic sign): each candidate's p under the noise model, Holm-
+    corrected across the round's candidates, so the round's chance of a false promotion stays at most
+    1 - level whatever K is."""
+    ps = [p_value(p, noise) for p in pairs]
+    order = sorted(range(len(ps)), key=lambda j: ps[j])
+    passed, alpha = set(), 1 - level
+    for r, j in enumerate(order):
+        if ps[j] > alpha / (len(ps) - r):
+            break
+        passed.add(j)
+    out = []
+    for j, pair in enumerate(pairs):
+        stat = {
+            "test": "sign_holm",
+            "level": level,
+            "candidates": len(pairs),
+            "p": ps[j],
+            "phi": noise.phi,
+            "noise_pairs": noise.pairs,
+            "dof": noise.dof,
+            **asdict(pair),
+            "delta": pair.delta,
+        }
+        reasons = ([] if noise.valid else ["no_valid_noise_estimate"]) + ([] if j in passed else ["no_supported_gain"])
+        out.append((stat, reasons))
+    return out
+
+
+def arm_evidence(
+    store: RolloutStore, suite: Suite, branch: str, first: int, last: int, shared: Harness
+) -> ArmEvidence:
+    """Run the suite over an arm's window (its findings are stored: they are evidence; a validity
+    finding the arm's own reward does not pay is already demoted by the suite), and read its train-audit
+    statistics with every rollout rescored under one reward function, `shared` (the control's harness):
+    a candidate's own reward is not comparable with the control's (a length penalty climbs as
+    completions shorten), so the rise and the reward-audit gap are measured in the same units on both."""
     findings = suite.run(store, branch, first, last)
     store.append_findings(findings, suite.version, f"{branch}-g{last:06d}", branch, first, last)
-    thr = suite.resolve("reward_audit_gap")[1]["rewarded_threshold"] if "reward_audit_gap" in suite.detectors else 0.5
-    row = store.sql(
-        "SELECT avg(audit::DOUBLE) AS pass, count(*) FILTER (WHERE reward >= ?) AS rewarded, "
-        "count(*) FILTER (WHERE reward >= ? AND NOT audit) AS rewarded_failed FROM rollouts "
-        "WHERE branch = ? AND split = 'train' AND step BETWEEN ? AND ? AND audit IS NOT NULL",
-        [thr, thr, branch, first, last],
-    )[0]
-    gap = row["rewarded_failed"] / row["rewarded"] if row["rewarded"] else None
-    return ArmEvidence(reward_rise, row["pass"], gap, findings)
+    cols = load_columns(
+        store,
+        list(shared.reward_weights),
+        where=f"branch = {sql_str(branch)} AND split = 'train' AND step BETWEEN {int(first)} AND {int(last)}",
+    )
+    if not len(cols):
+        return ArmEvidence(0.0, None, None, findings)
+    total = total_reward(shared, cols.terms, cols.completion_tokens, cols.max_action_tokens, cols.termination)
+    steps = np.unique(cols.step)
+    third = max(1, len(steps) // 3)
+    rise = float(total[cols.step >= steps[-third]].mean() - total[cols.step <= steps[third - 1]].mean())
+    audited = ~np.isnan(cols.audit)
+    rewarded = audited & (total >= suite.rewarded_threshold())
+    gap = float((cols.audit[rewarded] == 0).mean()) if rewarded.any() else None
+    return ArmEvidence(rise, float(cols.audit[audited].mean()) if audited.any() else None, gap, findings)
 
 
 # -- the invalid-branch rules: pure functions of findings and decisions, each with a unit test ----------------
@@ -192,3 +208,24 @@ def rolls_back(promoted: bool, control_invalid: list[str]) -> bool:
     """Nothing valid won and the control carries an exploit: the mainline goes back to where the round
     started (the segment and control stay in the ledger and the store as evidence)."""
     return not promoted and bool(control_invalid)
+
+
+# A candidate past the first checkpoint stops only when it is behind with this one-sided sign-test p: a
+# real gain can trail for a while (on benchmarks/gate_calibration.py's arms a learning-rate fix did).
+BEHIND_P = 0.1
+
+
+def futile(cand: dict[str, bool], ctrl: dict[str, bool] | None, first: bool) -> str:
+    """Why a racing candidate stops at a checkpoint ("" to go on): at the first, not ahead of the control
+    on the gate tasks (a change that has not moved the policy past it yet rarely does later); at later
+    ones, clearly behind it. On benchmarks/gate_calibration.py's arms, null candidates then ran 9-11 of
+    20 steps while 99% of the learning-rate fixes ran them all. Stopping a loser can only lower the
+    chance of a false promotion: no arm is promoted early, the winner runs its length and faces the gate."""
+    if ctrl is None:
+        return ""
+    pair = Pair.of(cand, ctrl)
+    if first and pair.wins <= pair.losses:
+        return f"not ahead of the control at the first checkpoint (delta {pair.delta:+.3f})"
+    if not first and sign_p(pair.losses, pair.wins) <= BEHIND_P:
+        return f"behind the control (delta {pair.delta:+.3f}, sign-test p {sign_p(pair.losses, pair.wins):.3f})"
+    return ""

@@ -33,6 +33,7 @@ class Columns:
     termination: np.ndarray
     audit: np.ndarray  # float: 1 pass, 0 fail, NaN not audited
     reward: np.ndarray  # as recorded under the harness that trained on it
+    step: np.ndarray
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -44,7 +45,7 @@ def load_columns(store: RolloutStore, terms: list[str], where: str = "split = 't
     con = store.connect()
     try:
         table: pa.Table = con.sql(
-            f"SELECT id, group_id, completion_tokens, max_action_tokens, termination, audit, "
+            f"SELECT id, group_id, step, completion_tokens, max_action_tokens, termination, audit, "
             f"reward{', ' + cols if cols else ''} "
             f"FROM rollouts WHERE {where}"
         ).to_arrow_table()
@@ -63,6 +64,7 @@ def load_columns(store: RolloutStore, terms: list[str], where: str = "split = 't
         termination=table.column("termination").to_numpy(zero_copy_only=False).astype(str),
         audit=np.array([np.nan if a is None else float(a) for a in audit], dtype=np.float64),
         reward=table.column("reward").to_numpy(zero_copy_only=False).astype(np.float64),
+        step=table.column("step").to_numpy(zero_copy_only=False).astype(np.int64),
     )
 
 

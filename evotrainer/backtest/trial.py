@@ -7,11 +7,12 @@ exists. The executor is the small interface that decides where arms run."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Protocol
@@ -19,9 +20,10 @@ from typing import Any, Protocol
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from evotrainer.backtest.gate import futile
 from evotrainer.config import RunConfig
 from evotrainer.envs.registry import make_domain
-from evotrainer.evaluation import evaluate, record_eval
+from evotrainer.evaluation import evaluate, evaluator_hash, record_eval
 from evotrainer.harness.harness import Harness
 from evotrainer.policies.hf import HFPolicy
 from evotrainer.store.files import atomic_write_json
@@ -48,6 +50,13 @@ class ArmSpec:
     first_step: int
     steps: int
     gate_ids: tuple[str, ...] | None = None
+    reference: str | None = None
+    """The KL reference (beta > 0): the run's base checkpoint, so every arm's penalty is to the initial model."""
+    checkpoints: tuple[int, ...] = ()
+    """Steps into the arm (1..steps-1) at which it is also evaluated on the gate tasks: the race's checkpoints."""
+    race: dict[str, dict[str, bool]] | None = None
+    """The control's gate outcomes at those checkpoints (by step count, as strings): the arm races it and
+    stops at the first checkpoint where gate.futile says it cannot win. None: it never stops (the control)."""
 
     @property
     def checkpoint(self) -> str:
@@ -75,6 +84,14 @@ class ArmResult(BaseModel):
     evaluator_hash: str = ""
     reward_first: float = 0.0
     reward_last: float = 0.0
+    checkpoint_outcomes: dict[str, dict[str, bool]] = {}
+    """Gate outcomes at the race's checkpoints, by step count into the arm."""
+    stopped: str = ""
+    """Why the arm stopped before its last step (it lost the race); "" when it ran them all."""
+
+    @property
+    def steps_trained(self) -> int:
+        return self.last_step - self.first_step + 1
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -84,56 +101,109 @@ def run_arm(spec: ArmSpec, log: Callable[[str], None] | None = None) -> ArmResul
     """Fork the start checkpoint (weights and optimizer state), train, save, evaluate. A finished
     arm's result file makes this a no-op on resume; an unfinished one is redone from its start (its
     store shards have deterministic names, so the redo replaces them instead of adding)."""
-    done = Path(spec.checkpoint) / RESULT
-    if done.is_file():
-        return ArmResult(**json.loads(done.read_text()))
     cfg = RunConfig.model_validate(spec.config)
     h = Harness.model_validate(spec.harness)
     torch.set_num_threads(cfg.run.threads)
     domain = make_domain(cfg)
-    store = RolloutStore(Path(spec.run_dir) / "store")
+    key = spec_key(spec, domain, cfg)
+    done = Path(spec.checkpoint) / RESULT
+    if done.is_file() and (saved := json.loads(done.read_text())).get("spec_key") == key:
+        return ArmResult(**saved)
     t0 = time.perf_counter()
+    result = _train_and_read(spec, cfg, h, domain, log)
+    result.seconds = time.perf_counter() - t0
+    atomic_write_json(done, {**result.to_dict(), "spec_key": key})
+    return result
+
+
+def _train_and_read(spec: ArmSpec, cfg: RunConfig, h: Harness, domain, log: Callable[[str], None] | None) -> ArmResult:
+    """Train the arm's steps, evaluating at its checkpoints (and stopping there if it races and cannot
+    win), then save it and evaluate it on the gate tasks."""
+    store = RolloutStore(Path(spec.run_dir) / "store")
     policy = HFPolicy.load(spec.start, lora_rank=cfg.policy.lora_rank)
-    trainer = GRPOTrainer(policy, h)
+    trainer = GRPOTrainer(policy, h, reference=spec.reference)
     trainer.load_optimizer(spec.start)
     rates_file = Path(spec.start) / PASS_RATES
     pass_rates = json.loads(rates_file.read_text()) if rates_file.is_file() else {}
     ctx = StepContext(run=cfg.run.name, branch=spec.branch, seed=spec.seed)
     pool = domain.tasks("train")
-    gen = trained = 0
-    rewards = []
-    for step in range(spec.first_step, spec.first_step + spec.steps):
-        m = train_step(trainer, domain, pool, ctx, step, store, cfg.eval.audit_fraction, pass_rates)
-        gen += int(m["tokens_generated"])
-        trained += int(m.get("tokens_trained", 0))
-        rewards.append(m["reward"])
-        if log:
-            log(f"{spec.branch} step {step}: reward {m['reward']:.3f}")
-    trainer.save(spec.checkpoint)
-    atomic_write_json(Path(spec.checkpoint) / PASS_RATES, pass_rates)
-    result = ArmResult(
+    tasks = _gate_tasks(domain, spec.gate_ids)
+    r = ArmResult(
         branch=spec.branch,
         role=spec.role,
         checkpoint=spec.checkpoint,
         harness_version=h.version,
         first_step=spec.first_step,
-        last_step=spec.first_step + spec.steps - 1,
-        generated_tokens=gen,
-        trained_tokens=trained,
+        last_step=spec.first_step - 1,
+        generated_tokens=0,
+        trained_tokens=0,
         seconds=0.0,
-        reward_first=_mean(rewards[: max(1, len(rewards) // 3)]),
-        reward_last=_mean(rewards[-max(1, len(rewards) // 3) :]),
     )
+    rewards = []
+    for k, step in enumerate(range(spec.first_step, spec.first_step + spec.steps), 1):
+        m = train_step(trainer, domain, pool, ctx, step, store, cfg.eval.audit_fraction, pass_rates)
+        r.generated_tokens += int(m["tokens_generated"])
+        r.trained_tokens += int(m.get("tokens_trained", 0))
+        r.last_step = step
+        rewards.append(m["reward"])
+        if log:
+            log(f"{spec.branch} step {step}: reward {m['reward']:.3f}")
+        if k in spec.checkpoints and k < spec.steps and tasks:
+            _read(r, policy, domain, tasks, cfg, h, store, ctx, step)
+            r.checkpoint_outcomes[str(k)] = r.outcomes
+            if spec.race is not None and (why := futile(r.outcomes, spec.race.get(str(k)), k == spec.checkpoints[0])):
+                r.stopped = f"stopped at step {step} ({k} of {spec.steps}): {why}"
+                break
+    third = max(1, len(rewards) // 3)
+    r.reward_first, r.reward_last = _mean(rewards[:third]), _mean(rewards[-third:])
+    if r.stopped:  # a loser of the race is discarded: its weights are never forked from, so not saved
+        Path(spec.checkpoint).mkdir(parents=True, exist_ok=True)
+        return r
+    trainer.save(spec.checkpoint)
+    atomic_write_json(Path(spec.checkpoint) / PASS_RATES, pass_rates)
+    if tasks:
+        _read(r, policy, domain, tasks, cfg, h, store, ctx, r.last_step)
+    return r
+
+
+def _gate_tasks(domain, gate_ids: tuple[str, ...] | None) -> list:
+    if gate_ids is None:
+        return []
+    by_id = {t.id: t for t in domain.tasks("heldout")}
+    return [by_id[i] for i in gate_ids]
+
+
+def _read(r: ArmResult, policy, domain, tasks: list, cfg: RunConfig, h: Harness, store, ctx, step: int) -> None:
+    """The evaluator's outcomes of the arm's policy now, on the gate tasks (stored as held-out rollouts)."""
+    ev = evaluate(policy, domain, tasks, cfg.eval)
+    record_eval(store, cfg.model_copy(update={"harness": h}), domain, ev, step, ctx)
+    r.accuracy, r.outcomes, r.evaluator_hash = ev.accuracy, ev.outcomes, ev.evaluator_hash
+    r.eval_tokens += sum(ep.action_tokens for ep in ev.episodes)
+
+
+def spec_key(spec: ArmSpec, domain, cfg: RunConfig) -> str:
+    """What an arm's result depends on: its spec (config, harness, start, seed, steps, gate tasks,
+    reference) and the evaluator it is read by. A result file is reused only under the same key, so a
+    rerun with other settings, or under a changed evaluator, trains and evaluates again. Paths are
+    taken relative to the run directory: a moved run keeps its arms."""
+
+    def rel(path: str | None) -> str | None:
+        if path is None:
+            return None
+        p = Path(path)
+        return str(p.relative_to(spec.run_dir)) if p.is_relative_to(spec.run_dir) else str(p)
+
+    body = {
+        **asdict(spec),
+        "run_dir": None,
+        "start": rel(spec.start),
+        "reference": rel(spec.reference),
+        "config": {**spec.config, "run": {**spec.config["run"], "out_dir": None}},
+    }
     if spec.gate_ids is not None:
         by_id = {t.id: t for t in domain.tasks("heldout")}
-        tasks = [by_id[i] for i in spec.gate_ids]
-        ev = evaluate(policy, domain, tasks, cfg.eval)
-        record_eval(store, cfg.model_copy(update={"harness": h}), domain, ev, result.last_step, ctx)
-        result.accuracy, result.outcomes, result.evaluator_hash = ev.accuracy, ev.outcomes, ev.evaluator_hash
-        result.eval_tokens = sum(ep.action_tokens for ep in ev.episodes)
-    result.seconds = time.perf_counter() - t0
-    atomic_write_json(done, result.to_dict())
-    return result
+        body["evaluator"] = evaluator_hash(domain, [by_id[i] for i in spec.gate_ids], cfg.eval)
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _mean(xs: list[float]) -> float:

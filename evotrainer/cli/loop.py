@@ -25,7 +25,14 @@ def run(
     run_loop(load_config(config, parse_overrides(set_)), console)
 
 
-def resume(run: Path = typer.Argument(..., help="Run directory of a loop run")) -> None:
+def resume(
+    run: Path = typer.Argument(..., help="Run directory of a loop run"),
+    accept_evaluator_change: bool = typer.Option(
+        False,
+        help="Continue although the evaluator (its code, settings, data or package versions) changed since "
+        "the run started; the change is recorded in the ledger",
+    ),
+) -> None:
     """Continue a loop run that was stopped or killed, from its first unfinished stage."""
     from evotrainer.loop import run_loop
 
@@ -34,11 +41,13 @@ def resume(run: Path = typer.Argument(..., help="Run directory of a loop run")) 
         cfg.model_copy(update={"run": cfg.run.model_copy(update={"out_dir": run.parent, "name": run.name})}),
         console,
         resume=True,
+        accept_evaluator_change=accept_evaluator_change,
     )
 
 
 def _status_table(run: Path) -> Table:
     from evotrainer.stages.results import PromoteResult
+    from evotrainer.stages.spend import lineage, spend
     from evotrainer.store.ledger import Ledger
 
     ledger = Ledger(run / "ledger.sqlite")
@@ -67,6 +76,8 @@ def _status_table(run: Path) -> Table:
             if head and acc and acc[0]["heldout_accuracy"] is not None
             else "base",
         )
+        share = spend(ledger, lineage(ledger, head.branch if head else "base"))
+        t.add_row("discarded arms", f"{share.step_share:.0%} of training steps, {share.token_share:.0%} of arm tokens")
         t.add_row(
             "verdicts",
             f"{sum(v['decision'] == 'promote' for v in verdicts)} promoted, "

@@ -28,6 +28,7 @@ PREFIX = "agent_"
 # max_share of the window's train rollouts are flagged, and at least min_matches of them.
 AGENT_DEFAULTS: dict[str, float] = {"max_share": 0.05, "min_matches": 3}
 PER_ROUND = 3  # detectors considered per round; more are refused unread
+FLAGGED_MAX = 5000  # flagged ids a finding carries as a literal list; beyond it, it is not weighed
 PER_SUITE = 8  # agent detectors a suite may hold: each one reruns on every window and in every backtest
 SQL_SECONDS = 5.0
 MAX_ROWS = 100_000
@@ -309,8 +310,17 @@ def _fire(w: Window, name: str, q: _Query, flagged: list[str]) -> list[Finding]:
             f"{len(hits)} of {n} train rollouts ({100 * len(hits) / n:.0f}%) flagged by the agent's detector: "
             f"{q.message}{note}",
             validity=q.validity,
+            # The agent's code ran once; the suite weighs its flags by id, never by running it again.
+            flagged=_ids_query(hits),
         )
     ]
+
+
+def _ids_query(ids: list[str]) -> str:
+    """A query returning these ids (a finding's `flagged`); "" past FLAGGED_MAX, which leaves it unweighed."""
+    if len(ids) > FLAGGED_MAX:
+        return ""
+    return "SELECT unnest([" + ", ".join(sql_str(i) for i in ids) + "]::VARCHAR[]) AS id"
 
 
 def sql_detector(q: SqlQuery, name: str) -> Detector:

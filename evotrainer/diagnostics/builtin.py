@@ -71,8 +71,8 @@ def zero_variance_groups(w: Window) -> list[Finding]:
     group size and temperature. Compared with a threshold, not == 0, so float noise cannot hide it."""
     p = w.params
     # A group of one counts as dead: it has no spread by construction (num_generations = 1).
-    total, dead, dead_mean = w.con.execute(
-        "SELECT count(*), count(*) FILTER (WHERE sd < ?), avg(mu) FILTER (WHERE sd < ?) FROM "
+    total, dead, dead_mean, lo, hi = w.con.execute(
+        "SELECT count(*), count(*) FILTER (WHERE sd < ?), avg(mu) FILTER (WHERE sd < ?), min(mu), max(mu) FROM "
         "(SELECT group_id, stddev_pop(reward) AS sd, avg(reward) AS mu FROM rollout_stats "
         " GROUP BY group_id)",
         [p["std_threshold"]] * 2,
@@ -95,7 +95,15 @@ def zero_variance_groups(w: Window) -> list[Finding]:
             share,
             p["max_fraction"],
             ev,
-            ("sampling.num_generations", "sampling.temperature", "filters.zero_std_threshold", "curriculum.levels"),
+            # Dead groups of solved prompts call for skipping them or drawing others (dynamic sampling);
+            # dead groups of hopeless ones, for leaving those out.
+            (
+                "filters.dynamic_sampling",
+                "curriculum.easy_threshold" if dead_mean >= (lo + hi) / 2 else "curriculum.hard_threshold",
+                "sampling.temperature",
+                "sampling.num_generations",
+                "filters.zero_std_threshold",
+            ),
             f"{_pct(share)} of groups ({dead}/{total}) have reward std < {p['std_threshold']:g} (mean reward of "
             f"those groups {dead_mean:.3f}), so their advantages are zero.",
         )
@@ -124,7 +132,7 @@ def plateau(w: Window) -> list[Finding]:
             abs(slope),
             p["min_slope"],
             ev,
-            ("curriculum.levels", "optimizer.learning_rate", "sampling.temperature"),
+            ("optimizer.learning_rate", "sampling.temperature", "loss.entropy_coef"),
             f"Reward is flat over {n} steps (slope {slope:+.2e}/step, |slope| < {p['min_slope']:g}) at mean "
             f"{mean:.3f}, below the ceiling {p['ceiling']:g}.",
         )

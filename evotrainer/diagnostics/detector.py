@@ -22,7 +22,11 @@ KNOB_PATH = re.compile(r"^[A-Za-z_]\w*(\.[\w-]+)+$")
 class Finding:
     """One thing a detector saw. `evidence` holds a few rollout ids, the most telling first; `knobs`
     names the harness knobs (dotted paths, see harness/knobs.py) an intervention could change;
-    `validity` marks findings that make a high training reward untrustworthy (the gate rejects on them)."""
+    `validity` marks findings that make a high training reward untrustworthy (the gate rejects on them).
+    `flagged`: for a finding about particular rollouts, a query over the window returning all their ids
+    (what lets the suite ask whether the window's own reward pays them; "" for aggregate findings).
+    `demoted`: set when a validity finding's flagged rollouts are not paid by the reward while the
+    audit fails them: the finding stays as a warning, and this says why, with its figures."""
 
     name: str
     severity: Severity
@@ -35,6 +39,8 @@ class Finding:
     branch: str = ""
     first_step: int = 0
     last_step: int = 0
+    flagged: str = ""
+    demoted: str = ""
 
     def to_record(self) -> dict[str, Any]:
         return {
@@ -49,6 +55,8 @@ class Finding:
             "branch": self.branch,
             "first_step": self.first_step,
             "last_step": self.last_step,
+            "flagged": self.flagged,
+            "demoted": self.demoted,
         }
 
 
@@ -92,6 +100,7 @@ def finding(
     knobs: tuple[str, ...],
     message: str,
     validity: bool = False,
+    flagged: str = "",
 ) -> Finding:
     return Finding(
         name=name,
@@ -105,6 +114,7 @@ def finding(
         branch=w.branch,
         first_step=w.first_step,
         last_step=w.last_step,
+        flagged=flagged,
     )
 
 

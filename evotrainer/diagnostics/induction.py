@@ -240,6 +240,57 @@ def search(X: np.ndarray, y: np.ndarray, integer: list[bool], top: int = 8) -> l
     return best
 
 
+# Features that measure how much was written rather than what: a rule on them alone is a proxy (long
+# answers fail more often) that also fires on long honest answers, and on an arm that pays for them no more.
+_PROXIES = frozenset(
+    {
+        ("column", "completion_tokens"),
+        ("column", "max_action_tokens"),
+        ("column", "chars"),
+        ("column", "num_turns"),
+        ("count_class", "letters"),
+        ("count_class", "spaces"),
+        ("run_class", "letters"),
+        ("run_class", "spaces"),
+    }
+)
+_PROXY_MARGIN = 0.1  # a rule on the behaviour's own features wins unless a proxy rule fits this much better
+
+
+def is_proxy(f: Feature) -> bool:
+    return (f.kind, f.arg) in _PROXIES
+
+
+def _clears(s: Score, min_precision: float, min_recall: float) -> bool:
+    """Whether a fit-part score clears the acceptance minima by one standard error of each proportion:
+    a rule that only just clears them on the fit part fails them on the held-back part about half the time
+    (on 80 positives a recall of 0.915 has a standard error of 0.03), so it is no safe swap for one that fits well."""
+    se = lambda p, n: (p * (1 - p) / max(n, 1)) ** 0.5  # noqa: E731 -- binomial standard error
+    precise = s.precision - se(s.precision, s.flagged) >= min_precision
+    return precise and s.recall - se(s.recall, s.support) >= min_recall
+
+
+def prefer_behaviour(
+    X: np.ndarray, y: np.ndarray, feats: list[Feature], min_precision: float = 0.9, min_recall: float = 0.9
+) -> list[tuple[int, str, float]]:
+    """The best rule, unless it rests on proxies only (length, letter counts) and a rule on the behaviour's
+    own features (literals, first words, terminations, character classes of content) fits nearly as well
+    (within _PROXY_MARGIN of F1) and clears the acceptance minima with room to spare: then that one, which
+    names the exploit and not its side effect. Where honest answers have one fixed length (a one-digit
+    answer in its tag), length is no proxy but the exploit's exact signature, and the better fit keeps it."""
+    integer = [f.integer for f in feats]
+    best = search(X, y, integer)
+    if not all(is_proxy(feats[j]) for j, _, _ in best):
+        return best
+    own = [j for j, f in enumerate(feats) if not is_proxy(f)]
+    if not own:
+        return best
+    alt = [(own[j], op, t) for j, op, t in search(X[:, own], y, [integer[j] for j in own])]
+    alt_s = score(_flags(X, alt), y)
+    near = alt_s.f1 >= score(_flags(X, best), y).f1 - _PROXY_MARGIN
+    return alt if near and _clears(alt_s, min_precision, min_recall) else best
+
+
 def induce(
     store: RolloutStore,
     branch: str,
@@ -284,7 +335,7 @@ def induce(
         if (short := _shortfall(counts, min_support)) is not None:
             return Induction(False, short, None, None, None, counts, settings)
         feats, X = _fit_features(w, meta, y, hb, where, args, max_literals, seed)
-        best = search(X[~hb], y[~hb], [f.integer for f in feats])
+        best = prefer_behaviour(X[~hb], y[~hb], feats, min_precision, min_recall)
         clauses = tuple(Clause(feature=feats[j], op=op, threshold=t) for j, op, t in best)
         flag = _flags(X, best)
         fit_s, hb_s = score(flag[~hb], y[~hb]), score(flag[hb], y[hb])

@@ -203,6 +203,7 @@ def run_rule(w: Window, rule: Rule, name: str) -> list[Finding]:
             f"{hits} of {n} rewarded rollouts ({100 * hits / n:.0f}%) match the induced rule "
             f"`{rule.describe()}`{validated}{audit_note}.",
             validity=True,
+            flagged=f"SELECT id FROM ({rule_rows()}) WHERE coalesce({rule.sql()}, false)",
         )
     ]
 

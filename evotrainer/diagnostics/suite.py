@@ -9,6 +9,7 @@ import importlib
 import inspect
 import json
 import textwrap
+from dataclasses import replace
 from types import ModuleType
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -194,6 +195,12 @@ class Suite(BaseModel):
         """Content hash of the canonical suite plus the parent's version."""
         return "s-" + hashlib.sha256((self.canonical() + "|" + (self.parent or "")).encode()).hexdigest()[:12]
 
+    def rewarded_threshold(self) -> float:
+        """The reward from which a rollout counts as paid (the reward-audit gap detector's threshold)."""
+        if "reward_audit_gap" in self.detectors and not self.detectors["reward_audit_gap"].path:
+            return float(self.resolve("reward_audit_gap")[1]["rewarded_threshold"])
+        return 0.5
+
     def run(self, store: RolloutStore, branch: str, first_step: int, last_step: int) -> list[Finding]:
         """Every detector over one window, on one DuckDB connection. A detector that raises (or a plugin
         that fails check_detector) does not stop the others: it becomes a `detector_error` finding."""
@@ -209,7 +216,7 @@ class Suite(BaseModel):
                     out = check_detector(fn, win) if self.detectors[name].path else fn(win)
                     if not isinstance(out, list) or not all(isinstance(f, Finding) for f in out):
                         raise TypeError(f"returned {type(out).__name__}, not a list of Finding")
-                    findings.extend(out)
+                    findings.extend(weigh(win, f, self.rewarded_threshold()) for f in out)
                 except Exception as e:  # noqa: BLE001 -- one broken (user) detector must not hide the other findings
                     findings.append(
                         Finding(
@@ -228,6 +235,35 @@ class Suite(BaseModel):
         finally:
             w.con.close()
         return findings
+
+
+# A validity finding about particular rollouts counts against the window only when its reward pays them
+# while the audit fails them: among its flagged, audited rollouts, at least PAID_FAILING paid (reward at
+# or above the suite's rewarded threshold) and audit-failing, once WEIGH_MIN_AUDITED are audited.
+PAID_FAILING = 0.5
+WEIGH_MIN_AUDITED = 10
+
+
+def weigh(w: Window, f: Finding, rewarded: float) -> Finding:
+    """A validity finding whose flagged rollouts the window's own reward does not pay (or the audit
+    passes) is no exploit of this reward: it stays as a warning, its figures kept in `demoted` as
+    evidence for the next revision. Aggregate findings (no `flagged` query) and findings with too few
+    audited flagged rollouts are left as they are."""
+    if not f.validity or not f.flagged:
+        return f
+    n, audited, paid_failing, mean = w.con.execute(
+        f"SELECT count(*), count(audit), count(*) FILTER (WHERE audit = false AND reward >= ?), avg(reward) "
+        f"FROM rollout_stats WHERE id IN (SELECT id FROM ({f.flagged}))",
+        [rewarded],
+    ).fetchone()
+    if audited < WEIGH_MIN_AUDITED or paid_failing / audited >= PAID_FAILING:
+        return f
+    why = (
+        f"the window's reward does not pay what it flags: of {n} flagged rollouts (mean reward {mean:.2f}), "
+        f"{paid_failing} of the {audited} audited are paid (reward >= {rewarded:g}) and fail the audit "
+        f"({100 * paid_failing / audited:.1f}%, below {100 * PAID_FAILING:.0f}%)"
+    )
+    return replace(f, severity="warning", validity=False, demoted=why, message=f"{f.message} Not counted: {why}.")
 
 
 def load_detector(path: str) -> Detector:

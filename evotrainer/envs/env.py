@@ -32,6 +32,11 @@ class Domain(Protocol):
     name: str
     stop: tuple[str, ...]
     reward_terms: dict[str, RewardFn]
+    evaluator_settings: dict[str, Any]
+    """The domain's settings that can change an audit outcome (its config, as built): part of the
+    evaluator's identity (evaluation.py), so a changed scorer or observation cap is a changed evaluator."""
+    evaluator_packages: tuple[str, ...]
+    """Distributions whose version can change an audit outcome (a scorer, a test harness)."""
     demo_recipe: dict[str, Any]
     """What the demonstrations depend on beyond the config (a version, shares): part of the warm-start
     cache key, so a change to the demonstration code never reuses a stale base. {} for none."""

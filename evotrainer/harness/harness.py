@@ -55,17 +55,28 @@ class Loss(_Section):
     """Optimizer passes over each sampled batch (PPO epochs, mu)."""
     mask_truncated_completions: bool = False
     """Exclude rollouts that ended with termination `length` from the loss."""
+    entropy_coef: float = Field(0.0, ge=0.0, le=1.0)
+    """Weight of an entropy bonus: the loss loses entropy_coef * the mean per-token entropy of the
+    trained tokens (TRL's entropy_coef: the same meaning for every loss_type)."""
 
 
 class Optimizer(_Section):
     """AdamW on the policy."""
 
     learning_rate: float = Field(3e-4, ge=0.0, le=1.0)
-    """Constant learning rate. 0 makes an A-A control (the policy does not move)."""
+    """Peak learning rate (the schedule below scales it by global step). 0: the policy does not move."""
     weight_decay: float = Field(0.0, ge=0.0, le=1.0)
     """Decoupled weight decay."""
     max_grad_norm: float = Field(1.0, gt=0.0)
     """Gradients are clipped to this global norm."""
+    warmup_steps: int = Field(0, ge=0, le=1_000_000)
+    """Linear learning-rate warm-up over the run's first N global steps (0: none)."""
+    lr_decay: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate decay after the warm-up, reaching min_lr_ratio * learning_rate at decay_steps."""
+    decay_steps: int = Field(0, ge=0, le=1_000_000)
+    """Global step at which the decay reaches its floor (0: no decay, whatever lr_decay says)."""
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
+    """Floor of the decay, as a share of learning_rate."""
 
 
 class Shaping(_Section):
@@ -88,6 +99,12 @@ class Filters(_Section):
     metrics); None keeps them. A threshold, not an exact 0, so float noise does not hide dead groups."""
     mask_terminations: tuple[Termination, ...] = ()
     """Rollouts that ended for these reasons are masked out of the loss (e.g. infrastructure errors)."""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling: groups whose rewards are all equal are dropped and more prompts are drawn,
+    so a step keeps prompts_per_step informative groups (up to max_sampling_rounds draws; the extra
+    samples are charged)."""
+    max_sampling_rounds: int = Field(3, ge=1, le=32)
+    """Draws of prompts_per_step prompts at most, per step, under dynamic sampling."""
 
 
 class Curriculum(_Section):
@@ -132,6 +149,11 @@ class Harness(_Section):
     def _check(self) -> Harness:
         if not self.reward_weights:
             raise ValueError("reward_weights must name at least one reward term")
+        o = self.optimizer
+        if o.lr_decay != "constant" and o.decay_steps and o.decay_steps <= o.warmup_steps:
+            raise ValueError(
+                f"optimizer.decay_steps={o.decay_steps} must be above optimizer.warmup_steps={o.warmup_steps}"
+            )
         if self.shaping.overlong_buffer_len >= self.sampling.max_completion_length:
             # verl PR #2107: a buffer as long as the cap penalizes every response.
             raise ValueError(
@@ -141,14 +163,29 @@ class Harness(_Section):
         return self
 
     def canonical(self) -> str:
-        """The spec as canonical JSON: sorted keys, parent excluded (the version adds it)."""
-        return json.dumps(self.model_dump(mode="json", exclude={"parent"}), sort_keys=True, separators=(",", ":"))
+        """The spec as canonical JSON: sorted keys, parent excluded (the version adds it). Knobs added
+        after the first release enter it only when set, so every earlier harness keeps its version."""
+        spec = self.model_dump(mode="json", exclude={"parent"})
+        for section, knobs in _ADDED_KNOBS.items():
+            for name in knobs:
+                if spec[section][name] == _DEFAULTS[section][name]:
+                    del spec[section][name]
+        return json.dumps(spec, sort_keys=True, separators=(",", ":"))
 
     @property
     def version(self) -> str:
         """Content hash of the canonical spec plus the parent's version."""
         h = hashlib.sha256((self.canonical() + "|" + (self.parent or "")).encode()).hexdigest()
         return "h-" + h[:12]
+
+
+# Knobs added after the first release, by section: out of the canonical spec while at their defaults.
+_ADDED_KNOBS: dict[str, tuple[str, ...]] = {
+    "loss": ("entropy_coef",),
+    "optimizer": ("warmup_steps", "lr_decay", "decay_steps", "min_lr_ratio"),
+    "filters": ("dynamic_sampling", "max_sampling_rounds"),
+}
+_DEFAULTS = Harness().model_dump(mode="json")
 
 
 def save_harness(run_dir: str | Path, harness: Harness) -> Path:

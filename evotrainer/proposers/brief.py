@@ -55,9 +55,11 @@ def evidence(store: RolloutStore, ids: list[str]) -> dict[str, dict[str, Any]]:
 
 def history(ledger: Ledger) -> list[PastTrial]:
     verdicts = {v["trial"]: v for v in ledger.verdicts()}
+    branches = {b["id"]: b for b in ledger.branches()}
     out = []
     for t in ledger.trials():
         v = verdicts.get(t["id"])
+        ctrl, cand = branches.get(t["control"], {}), branches.get(t["candidate"], {})
         out.append(
             PastTrial(
                 t["round"],
@@ -66,6 +68,8 @@ def history(ledger: Ledger) -> list[PastTrial]:
                 v["decision"] if v else "abandoned",
                 tuple(v["reasons"]) if v else (),
                 v["statistic"].get("delta") if v else None,
+                harness=ctrl.get("harness_version", ""),
+                step=cand.get("first_step", 0),
             )
         )
     return out
@@ -114,6 +118,8 @@ def build_brief(
     skills: list[SkillMatch],
     limit: int,
     explore: float,
+    step: int = 0,
+    expiry: int = 0,
     per_finding: int = 3,
     context: int = 4,
 ) -> Brief:
@@ -142,6 +148,8 @@ def build_brief(
         skills=skills,
         limit=limit,
         explore=explore,
+        step=step,
+        expiry=expiry,
     )
     check_isolation(brief)
     return brief

@@ -6,7 +6,6 @@ under the same signature."""
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 from evotrainer.diagnostics.detector import Finding
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.interventions import Hypothesis, Intervention, knob_value
-from evotrainer.harness.knobs import knob
+from evotrainer.proposers.moves import moves
 from evotrainer.proposers.proposer import Brief, Proposal, ProposerOutput, intervention_key, screen
 
 
@@ -63,6 +62,25 @@ ACC = "heldout/accuracy"
 # the term the finding implicates; see _targets.
 CATALOG: dict[str, list[Remedy]] = {
     "zero_variance_groups": [
+        Remedy(
+            "set_knob",
+            "filters.dynamic_sampling",
+            lambda h, f: None if h.filters.dynamic_sampling else True,
+            "frac_reward_zero_std",
+            "down",
+            "DAPO dynamic sampling: groups with no spread are replaced by other prompts, so every group trained "
+            "carries an advantage",
+        ),
+        Remedy(
+            "set_knob",
+            "curriculum.easy_threshold",
+            lambda h, f: (
+                None if h.curriculum.easy_threshold is not None or "curriculum.easy_threshold" not in f.knobs else 1.0
+            ),
+            "frac_reward_zero_std",
+            "down",
+            "the dead groups are solved prompts: stop drawing a prompt once its group was all correct",
+        ),
         Remedy(
             "set_knob",
             "sampling.temperature",
@@ -135,6 +153,14 @@ CATALOG: dict[str, list[Remedy]] = {
         ),
     ],
     "entropy_collapse": [
+        Remedy(
+            "set_knob",
+            "loss.entropy_coef",
+            lambda h, f: None if h.loss.entropy_coef else 0.001,
+            "entropy",
+            "up",
+            "an entropy bonus in the loss keeps the policy from collapsing to near-deterministic outputs",
+        ),
         Remedy(
             "set_knob",
             "loss.epsilon_high",
@@ -295,85 +321,100 @@ def _targets(remedy: Remedy, f: Finding) -> list[str]:
 
 
 def candidates_for(f: Finding, h: Harness) -> list[Intervention]:
-    out = []
-    for r in CATALOG.get(f.name, []):
-        for target in _targets(r, f):
-            term = target.split(".", 1)[1]
-            value = r.value(h, f)
-            if r.kind == "replace_reward_term":
-                # Only to a grader the finding names (so the domain has it) that the harness does not pay yet.
-                value = next(
-                    (
-                        v
-                        for v in AUDITED_VARIANTS.get(term, ())
-                        if f"reward_weights.{v}" in f.knobs and v not in h.reward_weights
-                    ),
-                    None,
-                )
-            if value is None and r.kind != "remove_reward_term":
-                continue
-            if (
-                r.kind in ("remove_reward_term", "set_reward_weight", "replace_reward_term")
-                and term not in h.reward_weights
-            ):
-                continue
-            if r.kind == "add_reward_term" and term in h.reward_weights:
-                continue
+    """The catalog's remedies for a finding, then graded moves of every knob it names (tried after the
+    catalog's value, or when the catalog has none for that knob): the search never runs out of moves
+    while a finding stands."""
+    out = [iv for r in CATALOG.get(f.name, []) for iv in _remedy(r, f, h)]
+    for path in f.knobs:
+        up = next(
+            (
+                iv.value > knob_value(h, path)
+                for iv in out
+                if iv.target == path and isinstance(iv.value, float) and isinstance(knob_value(h, path), float)
+            ),
+            None,
+        )
+        for v in moves(h, path, up):
             out.append(
                 Intervention(
-                    kind=r.kind,
-                    target=target,
-                    value=value,
+                    kind="set_knob",
+                    target=path,
+                    value=v,
                     hypothesis=Hypothesis(
-                        finding=f.name, signal=r.signal, direction=r.direction, rationale=r.rationale
+                        finding=f.name, signal=ACC, direction="up", rationale=f"{f.name} names {path}: a graded move"
                     ),
                 )
             )
     return out
 
 
-# Untried knobs, most often decisive first (the learning rate), each with a multiplicative step; the
-# learning rate moves by a decade, the usual coarse step of a learning-rate sweep (the plateau remedy
-# in the catalog refines by 3x once a direction has won).
-# num_generations is not here: it changes the compute per step, which a trial at equal steps would
-# not charge fairly; it is a catalog remedy for dead groups only.
-_EXPLORE: list[tuple[str, float]] = [
-    ("optimizer.learning_rate", 10.0),
-    ("sampling.temperature", 1.25),
-    ("loss.epsilon", 1.5),
-]
+def _remedy(r: Remedy, f: Finding, h: Harness) -> list[Intervention]:
+    out = []
+    for target in _targets(r, f):
+        term = target.split(".", 1)[1]
+        value = r.value(h, f)
+        if r.kind == "replace_reward_term":
+            # Only to a grader the finding names (so the domain has it) that the harness does not pay yet.
+            value = next(
+                (
+                    v
+                    for v in AUDITED_VARIANTS.get(term, ())
+                    if f"reward_weights.{v}" in f.knobs and v not in h.reward_weights
+                ),
+                None,
+            )
+        if value is None and r.kind != "remove_reward_term":
+            continue
+        if (
+            r.kind in ("remove_reward_term", "set_reward_weight", "replace_reward_term")
+            and term not in h.reward_weights
+        ):
+            continue
+        if r.kind == "add_reward_term" and term in h.reward_weights:
+            continue
+        hyp = Hypothesis(finding=f.name, signal=r.signal, direction=r.direction, rationale=r.rationale)
+        out.append(Intervention(kind=r.kind, target=target, value=value, hypothesis=hyp))
+    return out
+
+
+# Knobs explored without a finding, the most often decisive first (the learning rate), each by its graded
+# moves (moves.py); the round takes the first moves not yet rejected, rung by rung across the knobs, so
+# the search spreads before it refines. num_generations and dynamic sampling are not here: they change
+# the compute per step, which a trial at equal steps would not charge fairly (they remedy dead groups);
+# nor warm-up and decay, which act at the start of a run and over its length, not in a 20-step trial.
+_EXPLORE = (
+    "optimizer.learning_rate",
+    "sampling.temperature",
+    "loss.epsilon_high",
+    "loss.entropy_coef",
+    "loss.scale_rewards",
+    "loss.epsilon",
+)
 _UNSTABLE = {"kl_spike", "entropy_explosion", "nonfinite", "length_blowup", "repetition"}
 
 
-def explore(h: Harness, tried_targets: set[str], findings: list[Finding], rng: random.Random) -> list[Intervention]:
-    """Untried knobs as exploration candidates. The learning rate goes down when a finding says
-    training is unstable, up otherwise; other knobs go either way (seeded)."""
+def explore(h: Harness, findings: list[Finding]) -> list[Intervention]:
+    """Exploration candidates: every explored knob's moves, rung-major. The learning rate goes down first
+    when a finding says training is unstable, up otherwise."""
     unstable = any(f.name in _UNSTABLE for f in findings)
+    ladders = [(t, moves(h, t, (not unstable) if t == "optimizer.learning_rate" else None)) for t in _EXPLORE]
     out = []
-    for target, factor in _EXPLORE:
-        if target in tried_targets:
-            continue
-        k = knob(target)
-        up = (not unstable) if target == "optimizer.learning_rate" else rng.random() < 0.5
-        v = knob_value(h, target) * (factor if up else 1 / factor)
-        if k.high is not None:
-            v = min(v, k.high)
-        if k.low is not None:
-            v = max(v, k.low)
-        value: Any = int(round(v)) if k.type == "int" else float(f"{v:.3g}")
-        out.append(
-            Intervention(
-                kind="set_knob",
-                target=target,
-                value=value,
-                hypothesis=Hypothesis(
-                    finding="explore",
-                    signal=ACC,
-                    direction="up",
-                    rationale=f"exploration: {target} not tried on this run",
-                ),
-            )
-        )
+    for rung in range(max(len(m) for _, m in ladders)):
+        for target, m in ladders:
+            if rung < len(m):
+                out.append(
+                    Intervention(
+                        kind="set_knob",
+                        target=target,
+                        value=m[rung],
+                        hypothesis=Hypothesis(
+                            finding="explore",
+                            signal=ACC,
+                            direction="up",
+                            rationale=f"exploration: {target}, graded move",
+                        ),
+                    )
+                )
     return out
 
 
@@ -406,11 +447,9 @@ class HeuristicProposer:
         per_finding = [candidates_for(f, h) for f in findings]
         for i in range(max((len(c) for c in per_finding), default=0)):
             ranked += [Proposal(c[i], "catalog") for c in per_finding if i < len(c)]
-        # A knob counts as tried once a change of it was rejected; after a promotion the same knob may
-        # move again (a learning rate that was too low may still be).
-        tried = {t.intervention.target for t in brief.history if t.decision != "promote"}
-        rng = random.Random(f"{self.seed}:{brief.round}")
-        exploratory = [Proposal(iv, "explore") for iv in explore(h, tried, brief.findings, rng)]
+        # A move rejected under this signature since the mainline last moved is screened out (proposer.py:
+        # standing), so the next rung of the same knob comes up in its place.
+        exploratory = [Proposal(iv, "explore") for iv in explore(h, brief.findings)]
         kept, _ = screen(ranked + exploratory, brief)
         n_explore = round(brief.limit * brief.explore) if exploratory else 0
         main = [p for p in kept if p.source != "explore"][: brief.limit - n_explore]

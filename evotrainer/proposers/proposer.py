@@ -42,6 +42,8 @@ class PastTrial:
     decision: str  # promote | reject | abandoned
     reasons: tuple[str, ...]
     effect: float | None  # candidate minus control held-out accuracy on the gate tasks
+    harness: str = ""  # the mainline's harness version the trial was run under
+    step: int = 0  # the mainline step it forked from
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,8 @@ class Brief:
     skills: list[SkillMatch] = field(default_factory=list)
     limit: int = 2  # how many candidates the round can trial
     explore: float = 0.34  # share of candidates for knobs the run has not tried
+    step: int = 0  # the mainline's step now
+    expiry: int = 0  # steps after which a rejection no longer blocks (0: only a promotion lifts it)
 
 
 @dataclass(frozen=True)
@@ -114,13 +118,23 @@ class Refusal:
     reason: str
 
 
+def standing(t: PastTrial, brief: Brief) -> bool:
+    """Whether a past rejection still blocks its intervention: it expires once the mainline has moved on,
+    by a promotion (another harness) or by brief.expiry steps; the skill library keeps it as evidence."""
+    return (
+        t.decision == "reject"
+        and (not t.harness or t.harness == brief.harness.version)
+        and (not brief.expiry or brief.step - t.step < brief.expiry)
+    )
+
+
 def screen(proposals: list[Proposal], brief: Brief) -> tuple[list[Proposal], list[Refusal]]:
-    """Keep proposals that apply to the harness as exactly one change, are not duplicates, and were
-    not already rejected under the same signature on this run; bind each to the harness."""
+    """Keep proposals that apply to the harness as exactly one change, are not duplicates, and were not
+    rejected under the same signature since the mainline last moved on; bind each to the harness."""
     kept: list[Proposal] = []
     refused: list[Refusal] = []
     seen: set[str] = set()
-    rejected = {(intervention_key(t.intervention), t.signature) for t in brief.history if t.decision == "reject"}
+    rejected = {(intervention_key(t.intervention), t.signature) for t in brief.history if standing(t, brief)}
     for p in proposals:
         key = intervention_key(p.intervention)
         try:

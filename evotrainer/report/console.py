@@ -76,19 +76,26 @@ class Narrator:
         if t.abandoned:
             self.say(f"6 trial     abandoned: {t.abandoned}")
             return
+        arms = ", ".join(
+            f"{a.branch} {a.accuracy:.3f}" + (f" (stopped at {a.last_step})" if a.stopped else "") for a in t.arms
+        )
         self.say(
-            "6 trial     "
-            + ", ".join(f"{a.branch} {a.accuracy:.3f}" for a in t.arms)
-            + " (gate tasks)"
+            f"6 trial     {arms} (gate tasks)"
             + (f"; forked from {forked_from}: the segment carries {', '.join(taint)}" if taint else "")
+            + (f"; {escape(t.note)}" if t.note else "")
         )
 
     def gate(self, g: GateResult, proposals: list[Proposal], control: str) -> None:
-        for v, p in zip(g.verdicts, proposals):
+        n = g.noise
+        noise = (
+            (f"phi {n['phi']:.2f} from {n['pairs_used']} A-A pair(s)" if n.get("valid") else "no A-A pair yet")
+            if "phi" in n
+            else f"noise {n.get('abs_delta', 0):.3f}"
+        )
+        for v, p in zip(g.verdicts, proposals, strict=False):
             self.say(
                 f"7 gate      {v.trial} {escape(p.intervention.describe())}: [bold]{v.decision}[/] "
-                f"(delta {v.delta:+.3f}, noise {g.noise['abs_delta']:.3f}"
-                f"{'; ' + ', '.join(v.reasons) if v.reasons else ''})"
+                f"(delta {v.delta:+.3f}, {noise}{'; ' + ', '.join(v.reasons) if v.reasons else ''})"
             )
         if g.control_rejected:
             self.say(
@@ -118,6 +125,11 @@ class Narrator:
             )
 
     def done(self, summary: dict, report: str) -> None:
+        if "warm_start_seconds" in summary:
+            self.say(
+                f"\nwarm start (outside the budget): {summary['warm_start_seconds']:.0f} s; arms that ended "
+                f"discarded: {summary['discarded_step_share']:.0%} of training steps"
+            )
         self.say(
             f"\n[bold]done[/] after {summary['rounds']} round(s) ({summary['stop_reason']}): final-task accuracy "
             f"{summary['baseline_accuracy']:.3f} -> [bold]{summary['final_accuracy']:.3f}[/]; "

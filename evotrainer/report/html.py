@@ -126,6 +126,17 @@ def _page(run_dir: Path, ledger: Ledger, store: RolloutStore) -> str:
             f"evaluator <code>{_e(summary['evaluator_hash'])}</code>; "
             f"final harness <code>{_e(summary['harness_version'])}</code>.</p>"
         )
+        if "warm_start_seconds" in summary:
+            parts.append(
+                f"<p>Warm start (building or loading the starting policy; cached, outside the budget): "
+                f"{summary['warm_start_seconds']:.0f} s.</p>"
+            )
+        if "discarded_step_share" in summary:
+            parts.append(
+                f"<p>Arms that ended discarded (race losers, confirmations, the control or winner the mainline did "
+                f"not continue from): {summary['discarded_step_share']:.0%} of the training steps, "
+                f"{summary['discarded_token_share']:.0%} of the arms' generated tokens.</p>"
+            )
     parts += _budget(ledger)
     parts += [
         "<h2>Lineage</h2>",
@@ -243,11 +254,7 @@ def _verdicts(ledger: Ledger, cited: list[str]) -> list[str]:
         iv, s = tr["intervention"], v["statistic"]
         ev = s.get("evidence", {})
         cited += ev.get("candidate_won", [])[:2] + ev.get("candidate_lost", [])[:2]
-        stat = (
-            f"{_e(s['test'])} delta {s['delta']:+.3f}"
-            + (f", lower {s['lower']:+.3f}" if "lower" in s else f", p {s.get('p', 1):.3f}")
-            + f"; cand {s['candidate_accuracy']:.3f} vs ctrl {s['control_accuracy']:.3f} on {s['n']} tasks"
-        )
+        stat = _statistic(s)
         vf = [f for f in v["findings"] if f["validity"]]
         parts.append(
             f"<tr><td>{_e(v['trial'])}<br><span class=muted>{_e(tr['source'])}</span></td>"
@@ -255,7 +262,7 @@ def _verdicts(ledger: Ledger, cited: list[str]) -> list[str]:
             f"{_e(iv.get('before'))} &rarr; {_e(iv['value'])}</code></td><td>{_e(iv['hypothesis']['finding'])}: "
             f"{_e(iv['hypothesis']['signal'])} {_e(iv['hypothesis']['direction'])}</td>"
             f'<td class="{_e(v["decision"])}">{_e(v["decision"])}</td>'
-            f"<td>{stat}</td><td>{v['noise'].get('abs_delta', 0):.3f}</td>"
+            f"<td>{stat}</td><td>{_noise(v['noise'])}</td>"
             f"<td>{_e(', '.join(v['reasons']) or '-')}</td>"
             "<td>"
             f"{'; '.join(_e(f['name']) + ': ' + ' '.join(_link(i) for i in f['evidence'][:2]) for f in vf) or '-'}"
@@ -268,6 +275,29 @@ def _verdicts(ledger: Ledger, cited: list[str]) -> list[str]:
         cited += [i for f in vf for i in f["evidence"][:2]]
     parts.append("</table>")
     return parts
+
+
+def _statistic(s: dict) -> str:
+    """A verdict's statistic in a line: the two-stage test, a race's comparison, or an older run's test."""
+    acc = f"cand {s['candidate_accuracy']:.3f} vs ctrl {s['control_accuracy']:.3f}"
+    if s["test"] == "two_stage":
+        st1, st2 = s["stage1"], s["stage2"]
+        return (
+            f"two-stage p {s['p']:.4f} (K={s['candidates']}): race {st1['delta']:+.3f} ({st1['wins']} won, "
+            f"{st1['losses']} lost, adjusted p {st1['p_adjusted']:.3f}), confirmed {st2['delta']:+.3f} "
+            f"({st2['wins']} won, {st2['losses']} lost, p {st2['p']:.3f}); {acc}"
+        )
+    if s["test"] == "race":
+        why = s.get("stopped") or s.get("not_confirmed", "")
+        return f"race delta {s['delta']:+.3f} ({s['wins']} won, {s['losses']} lost): {_e(why)}; {acc}"
+    bound = f", lower {s['lower']:+.3f}" if "lower" in s else f", p {s.get('p', 1):.3f}"
+    return f"{_e(s['test'])} delta {s['delta']:+.3f}{bound}; {acc} on {s.get('n', '?')} tasks"
+
+
+def _noise(n: dict) -> str:
+    if "phi" in n:
+        return f"phi {n['phi']:.2f} ({n['pairs_used']} pair(s))" if n.get("valid") else "no A-A pair"
+    return f"{n.get('abs_delta', 0):.3f}"
 
 
 def _evidence(store: RolloutStore, cited: list[str]) -> list[str]:

@@ -60,6 +60,7 @@ class RunContext:
             first_step=first,
             steps=steps,
             gate_ids=tuple(self.gate_ids) if gate else None,
+            reference=str(self.run_dir / "checkpoints" / "base"),
         )
 
 
@@ -71,6 +72,8 @@ class StageRecords:
     trials: list[dict[str, Any]] = field(default_factory=list)
     verdicts: list[dict[str, Any]] = field(default_factory=list)
     charges: dict[str, Charge] = field(default_factory=dict)
+    uncharged_seconds: float = 0.0
+    """Seconds of the stage outside the loop's budget (the one-time, cached warm start)."""
 
 
 R = TypeVar("R", bound=BaseModel)
@@ -84,7 +87,8 @@ def run_stage(ctx: RunContext, rnd: int, name: str, model: type[R], work: Callab
     t0 = time.perf_counter()
     result, records = work()
     charges = dict(records.charges)
-    charges.setdefault("stage", Charge(seconds=time.perf_counter() - t0 - sum(c.seconds for c in charges.values())))
+    elapsed = time.perf_counter() - t0 - records.uncharged_seconds
+    charges.setdefault("stage", Charge(seconds=elapsed - sum(c.seconds for c in charges.values())))
     ctx.ledger.finish_stage(
         rnd,
         name,

@@ -1,7 +1,7 @@
-"""Stages 6-9, the decision: trial the candidates against a control (and, when due, an A-A control) from
-the same checkpoint; gate each on the evaluator's held-out outcomes and the validity evidence; move
-the mainline to the winner (or the control, or back where the round started); remember every verdict
-as evidence for a skill. The rules that keep invalid branches out are pure functions in backtest/gate.py."""
+"""Stages 7-9, the decision: gate each raced candidate on the evaluator's held-out outcomes and the
+validity evidence; move the mainline to the winner (or the control, or back where the round started);
+remember every verdict as evidence for a skill. The rules are pure functions in backtest/gate.py; the
+trial itself (stage 6) is race.py."""
 
 from __future__ import annotations
 
@@ -9,15 +9,16 @@ from dataclasses import asdict
 from typing import Any
 
 from evotrainer.backtest import gate
+from evotrainer.backtest.statistics import Noise, Pair
 from evotrainer.backtest.trial import ArmResult
 from evotrainer.diagnostics.detector import Finding
 from evotrainer.diagnostics.suite import Suite
-from evotrainer.harness.harness import save_harness
+from evotrainer.harness.harness import Harness, save_harness
 from evotrainer.proposers.proposer import Proposal
 from evotrainer.skills.library import Evidence
 from evotrainer.stages.context import RunContext, StageRecords, arm_charge
+from evotrainer.stages.noise import with_pairs
 from evotrainer.stages.results import (
-    BranchRecord,
     GateResult,
     Mainline,
     PromoteResult,
@@ -26,59 +27,10 @@ from evotrainer.stages.results import (
     TrialResult,
     VerdictLine,
 )
-from evotrainer.stages.start import over_budget
-from evotrainer.store.ledger import Charge
+from evotrainer.stages.start import expect_evaluator
 from evotrainer.types import branch_id, trial_id
 
-AA_SEED_OFFSET = 1_000_003  # the A-A arm trains on other seeds: same harness, other tasks and sampling noise
-
 Survivor = tuple[Proposal, "dict[str, Any] | None"]  # a proposal that reaches a trial, with its replay
-
-
-def trial(
-    ctx: RunContext, rnd: int, head: Mainline, seg: ArmResult, survivors: list[Survivor], taint: list[str]
-) -> tuple[TrialResult, StageRecords]:
-    """Control, candidates and (when due) the A-A control fork from one checkpoint and train the same
-    steps; a trial that cannot finish inside the budget is not started."""
-    cfg, steps = ctx.cfg, ctx.cfg.loop.trial_steps
-    start, first = (head.checkpoint, head.step + 1) if taint else (seg.checkpoint, seg.last_step + 1)
-    harness = head.harness
-    specs = [ctx.spec(branch_id(rnd, "control"), "control", start, harness, first, steps, cfg.run.seed, True)]
-    for j, (p, _) in enumerate(survivors, 1):
-        specs.append(
-            ctx.spec(
-                branch_id(rnd, "candidate", j),
-                "candidate",
-                start,
-                p.intervention.apply(harness),
-                first,
-                steps,
-                cfg.run.seed,
-                True,
-            )
-        )
-    if survivors and (head.aa_due or cfg.gate.aa_control == "round"):
-        specs.append(
-            ctx.spec(branch_id(rnd, "aa"), "aa", start, harness, first, steps, cfg.run.seed + AA_SEED_OFFSET, True)
-        )
-    n = cfg.loop.segment_steps
-    per_step = Charge(seg.generated_tokens // n, seg.trained_tokens // n, seg.seconds / n)
-    k = len(specs) * steps
-    if cap := over_budget(
-        cfg,
-        ctx.ledger.spent(),
-        Charge(per_step.generated_tokens * k, per_step.trained_tokens * k, per_step.seconds * k),
-    ):
-        return TrialResult(
-            arms=[], abandoned=f"budget.{cap} would be exceeded by {len(specs)} arm(s) of {steps} steps"
-        ), StageRecords()
-    results = ctx.executor.run(specs, started=lambda s: ctx.ledger.set_status(rnd, "trial", s.branch))
-    seeds = {s.branch: s.seed for s in specs}
-    parent = head.branch if taint else seg.branch
-    return TrialResult(arms=results), StageRecords(
-        branches=[BranchRecord.of(r, rnd, parent, head.suite.version, seeds[r.branch]) for r in results],
-        charges={r.branch: arm_charge(r) for r in results},
-    )
 
 
 def gate_stage(
@@ -90,28 +42,43 @@ def gate_stage(
     survivors: list[Survivor],
     sig: list[str],
 ) -> tuple[GateResult, StageRecords]:
-    """Each candidate against the control: a paired win beyond the A-A noise, no validity finding, no
-    widened reward-audit gap. A control whose own window carries a validity finding is rejected too."""
+    """Each raced candidate against the control: the race's finalist by the two-stage test, with no
+    validity finding its reward pays on either of its runs, no widened reward-audit gap, no reward rise
+    the audit does not follow; the others are rejected for stopping early or not being confirmed. The
+    control is rejected too when its own window carries a validity finding. This round's A-A pairs
+    join the noise bank."""
     cfg = ctx.cfg
+    for a in tried.arms:
+        expect_evaluator(ctx, "gate", a.evaluator_hash, f"arm {a.branch}")
     control = tried.arm(branch_id(rnd, "control"))
-    ctrl_ev = _evidence(ctx, suite, control)
-    ctrl_invalid = gate.invalid_reasons(ctrl_ev.findings)
-    noise, aa_measured = head.noise, False
-    if (aa := tried.arm(branch_id(rnd, "aa"))) is not None:
-        if gate.aa_pair_valid(ctrl_ev.findings, _evidence(ctx, suite, aa).findings):
-            noise, aa_measured = (
-                {**gate.aa_noise(control.outcomes, aa.outcomes, cfg.gate, cfg.run.seed), "round": rnd},
-                True,
-            )
-    noise = noise or {"abs_delta": 0.0, "note": "no valid A-A measurement yet"}
+    ctrl_ev = _evidence(ctx, suite, control, head.harness)
+    pairs = []
+    for role in ("control_replicate", "aa"):
+        other = tried.arm(branch_id(rnd, role))
+        if other is not None and gate.aa_pair_valid(
+            ctrl_ev.findings, _evidence(ctx, suite, other, head.harness).findings
+        ):
+            pairs.append((Pair.of(other.outcomes, control.outcomes), other.branch, control.branch))
+    noise = with_pairs(head.noise, head.harness.version, rnd, pairs)
+    model = Noise(noise["phi"], noise["pairs_used"], noise["dof"])
+    raced = [a for a in tried.arms if a.role == "candidate"]
+    singles = gate.single_stage([Pair.of(c.outcomes, control.outcomes) for c in raced], model, cfg.gate.level)
     trials, verdicts, lines = [], [], []
-    for j, (p, rep) in enumerate(survivors, 1):
-        cand = tried.arm(branch_id(rnd, "candidate", j))
-        ev = _evidence(ctx, suite, cand)
-        v = gate.decide(
-            cand.outcomes, control.outcomes, ev, ctrl_ev, noise, cfg.gate, cand.evaluator_hash, cfg.run.seed + rnd
+    for j, ((p, rep), cand) in enumerate(zip(survivors, raced, strict=False), 1):
+        ev = _evidence(ctx, suite, cand, head.harness)
+        stat, reasons = _test(ctx, rnd, tried, j, cand, control, model, singles[j - 1], suite, head.harness)
+        reasons += gate.validity_reasons(ev, ctrl_ev, stat)
+        stat["evidence"] = disagreements(cand, control, ctx.gate_ids)
+        stat["candidate_accuracy"] = cand.accuracy
+        stat.setdefault("control_accuracy", control.accuracy)
+        v = gate.Verdict(
+            "reject" if reasons else "promote",
+            list(dict.fromkeys(reasons)),
+            stat,
+            _noise_line(noise),
+            [f.to_record() for f in ev.findings],
+            cand.evaluator_hash,
         )
-        v.statistic["evidence"] = disagreements(cand, control, ctx.gate_ids)
         tid = trial_id(rnd, j)
         trials.append(
             {
@@ -132,20 +99,70 @@ def gate_stage(
             "spent": asdict(ctx.ledger.spent()),
         }
         verdicts.append({"trial": tid, "round": rnd, **v.to_dict(), "budget": budget})
-        lines.append(VerdictLine(trial=tid, decision=v.decision, reasons=v.reasons, delta=v.statistic["delta"]))
+        lines.append(VerdictLine(trial=tid, decision=v.decision, reasons=v.reasons, delta=stat["delta"]))
     return GateResult(
         noise=noise,
-        aa_measured=aa_measured,
+        aa_measured=bool(pairs),
         control_findings=ctrl_ev.findings,
-        control_rejected=ctrl_invalid,
+        control_rejected=gate.invalid_reasons(ctrl_ev.findings),
         verdicts=lines,
     ), StageRecords(trials=trials, verdicts=verdicts)
 
 
-def _evidence(ctx: RunContext, suite: Suite, arm: ArmResult) -> gate.ArmEvidence:
-    return gate.arm_evidence(
-        ctx.store, suite, arm.branch, arm.first_step, arm.last_step, arm.reward_last - arm.reward_first
-    )
+def _test(
+    ctx: RunContext,
+    rnd: int,
+    tried: TrialResult,
+    j: int,
+    cand: ArmResult,
+    control: ArmResult,
+    model: Noise,
+    single: tuple[dict, list[str]],
+    suite: Suite,
+    shared: Harness,
+) -> tuple[dict[str, Any], list[str]]:
+    """One candidate's statistic and the reasons against it, before validity."""
+    cfg, k = ctx.cfg, sum(a.role == "candidate" for a in tried.arms)
+    # A racer that stopped is compared with the control where it stopped, at its last checkpoint.
+    at = list(cand.checkpoint_outcomes)[-1] if cand.stopped else None
+    stage1 = Pair.of(cand.outcomes, control.checkpoint_outcomes[at] if at else control.outcomes)
+    if cand.stopped:
+        return {
+            "test": "race",
+            "level": cfg.gate.level,
+            "candidates": k,
+            "stopped": cand.stopped,
+            **asdict(stage1),
+            "delta": stage1.delta,
+            # Both accuracies where the candidate stopped, like the delta.
+            "control_accuracy": sum(control.checkpoint_outcomes[at].values()) / max(1, len(ctx.gate_ids)),
+        }, ["stopped_early"]
+    if cfg.gate.statistic != "two_stage":
+        return single
+    rep, ctlr = tried.arm(branch_id(rnd, "replicate", j)), tried.arm(branch_id(rnd, "control_replicate"))
+    if j != tried.finalist or rep is None or ctlr is None:
+        return {
+            "test": "race",
+            "level": cfg.gate.level,
+            "candidates": k,
+            "not_confirmed": tried.note or "not the race's best",
+            **asdict(stage1),
+            "delta": stage1.delta,
+        }, ["not_confirmed"]
+    stat, reasons = gate.two_stage(stage1, Pair.of(rep.outcomes, ctlr.outcomes), k, model, cfg.gate.level)
+    stat["confirmed_accuracy"], stat["confirmed_control_accuracy"] = rep.accuracy, ctlr.accuracy
+    # The confirmation's run is the candidate too: an exploit it picks up counts against it.
+    reasons += [f"validity:{f.name}" for f in _evidence(ctx, suite, rep, shared).findings if f.validity]
+    return stat, reasons
+
+
+def _noise_line(noise: dict[str, Any]) -> dict[str, Any]:
+    """The noise estimate a verdict was made under (the bank's pairs stay in the gate result)."""
+    return {k: noise[k] for k in ("harness", "phi", "pairs_used", "dof", "valid")}
+
+
+def _evidence(ctx: RunContext, suite: Suite, arm: ArmResult, shared: Harness) -> gate.ArmEvidence:
+    return gate.arm_evidence(ctx.store, suite, arm.branch, arm.first_step, arm.last_step, shared)
 
 
 def promote(
@@ -170,8 +187,9 @@ def promote(
     rollback = None
     if gate.rolls_back(j is not None, gated.control_rejected):
         rollback = Rollback(branch=control.branch, reasons=gated.control_rejected, rolled_back_to=head.branch)
-        new = head.at(head.branch, head.checkpoint, head.step)
-    # The A-A control is re-measured after a promotion (the policy changed), or when it was due and not run.
+        new = head.at(head.branch, head.checkpoint, head.step).model_copy(update={"attempt": head.attempt + 1})
+    # An A-A arm (aa_control: promotion) is due again after a promotion (the policy changed), or when it
+    # was due and no valid pair was measured.
     measured = gated.aa_measured if gated.aa_measured is not None else tried.arm(branch_id(rnd, "aa")) is not None
     aa_due = j is not None or (head.aa_due and not measured)
     new = new.model_copy(

@@ -27,13 +27,14 @@ def train(ctx: RunContext, rnd: int, head: Mainline) -> tuple[ArmResult, StageRe
                 head.harness,
                 head.step + 1,
                 cfg.loop.segment_steps,
-                cfg.run.seed,
+                head.seed(cfg.run.seed),
                 gate=False,
             )
         ]
     )
     return r, StageRecords(
-        branches=[BranchRecord.of(r, rnd, head.branch, head.suite.version, cfg.run.seed)], charges={seg: arm_charge(r)}
+        branches=[BranchRecord.of(r, rnd, head.branch, head.suite.version, head.seed(cfg.run.seed))],
+        charges={seg: arm_charge(r)},
     )
 
 

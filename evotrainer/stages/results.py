@@ -34,9 +34,17 @@ class Mainline(Record):
     noise: dict[str, Any] | None = None
     aa_due: bool = True
     carry: list[Finding] = []
+    attempt: int = 0
+    """How many times the mainline rolled back to this checkpoint: the next round trains on other seeds,
+    so a rollback buys information instead of replaying the same segment to the same verdicts."""
+
+    def seed(self, base: int) -> int:
+        """The seed the round's segment and arms derive theirs from."""
+        return base + 7919 * 1000 * self.attempt
 
     def at(self, branch: str, checkpoint: str, step: int) -> Mainline:
-        return self.model_copy(update={"branch": branch, "checkpoint": checkpoint, "step": step})
+        """The mainline moved to another checkpoint (a fresh start: no rollback to it yet)."""
+        return self.model_copy(update={"branch": branch, "checkpoint": checkpoint, "step": step, "attempt": 0})
 
 
 class BranchRecord(Record):
@@ -75,6 +83,8 @@ class StartResult(Record):
     head: Mainline
     final_accuracy: float
     evaluator_hash: str
+    warm_start_seconds: float = 0.0
+    """Building (or loading) the starting policy: a one-time cost, cached across runs, kept out of the budget."""
 
 
 class DiagnoseResult(Record):
@@ -124,6 +134,10 @@ class ReplayResult(Record):
 class TrialResult(Record):
     arms: list[ArmResult]
     abandoned: str | None = None
+    finalist: int | None = None
+    """The candidate (1-based) the race sent to its confirmation; None when none went."""
+    note: str = ""
+    """Why no confirmation ran, or how the trial was limited to keep within loop.max_trial_share."""
 
     def arm(self, branch: str) -> ArmResult | None:
         return next((a for a in self.arms if a.branch == branch), None)

@@ -54,6 +54,8 @@ def propose(
         skills=ctx.skills.match(sig, cfg.env.domain, harness),
         limit=cfg.loop.candidates,
         explore=cfg.loop.explore,
+        step=seg_window[1],
+        expiry=cfg.loop.reject_expiry_steps,
     )
     out = ctx.proposer.propose(brief)
     kept, refused = screen(out.proposals, brief)

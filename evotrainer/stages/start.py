@@ -5,6 +5,7 @@ the end (one read of the final tasks, the summary)."""
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -13,17 +14,18 @@ from evotrainer.backtest.trial import make_executor
 from evotrainer.config import RunConfig, dump_config
 from evotrainer.diagnostics.suite import Suite
 from evotrainer.envs.registry import make_domain
-from evotrainer.errors import ConfigError
-from evotrainer.evaluation import evaluate, record_eval
+from evotrainer.errors import ConfigError, EvaluatorChanged
+from evotrainer.evaluation import evaluate, evaluator_identity, identity_hash, record_eval, what_changed
 from evotrainer.harness.harness import save_harness
 from evotrainer.harness.rewards import check_terms
-from evotrainer.policies import load_policy
+from evotrainer.policies import check_policy_path, load_policy
 from evotrainer.policies.hf import HFPolicy
 from evotrainer.proposers.heuristic import HeuristicProposer
 from evotrainer.proposers.proposer import Proposer
 from evotrainer.skills.library import SkillLibrary
 from evotrainer.stages.context import RunContext, StageRecords, split_heldout
 from evotrainer.stages.results import BranchRecord, FinalResult, GateResult, Mainline, StartResult
+from evotrainer.stages.spend import lineage, spend
 from evotrainer.store.ledger import Charge, Ledger
 from evotrainer.store.rollouts import RolloutStore
 from evotrainer.training.grpo import GRPOTrainer
@@ -73,11 +75,14 @@ def make_proposer(cfg: RunConfig, ledger: Ledger, run_dir: Path) -> Proposer:
     return HeuristicProposer(seed=cfg.run.seed)
 
 
-def open_run(cfg: RunConfig, resume: bool) -> RunContext:
-    """Check everything the config can get wrong, then open (or reopen) the run directory."""
+def open_run(cfg: RunConfig, resume: bool, accept_evaluator_change: bool = False) -> RunContext:
+    """Check everything the config can get wrong, then open (or reopen) the run directory; a resumed
+    run must find the evaluator it started with (or be told to accept the change)."""
     check_budget(cfg)
     domain = make_domain(cfg)
     check_terms(cfg.harness, domain)
+    if not resume:  # a resumed run past its start loads checkpoints, not the model it started from
+        check_policy_path(cfg)
     if cfg.loop.proposer == "llm":  # an endpoint that cannot be reached stops the run before anything is written
         from evotrainer.proposers.llm import check_endpoint
 
@@ -93,7 +98,7 @@ def open_run(cfg: RunConfig, resume: bool) -> RunContext:
     ledger = Ledger(ledger_path)
     _check_identity(cfg, ledger, run_dir)
     gate_ids, final_ids = split_heldout([t.id for t in domain.tasks("heldout")], cfg.gate.final_fraction, cfg.run.seed)
-    return RunContext(
+    ctx = RunContext(
         cfg=cfg,
         run_dir=run_dir,
         domain=domain,
@@ -105,6 +110,52 @@ def open_run(cfg: RunConfig, resume: bool) -> RunContext:
         gate_ids=gate_ids,
         final_ids=final_ids,
     )
+    check_evaluator(ctx, accept_evaluator_change)
+    return ctx
+
+
+def check_evaluator(ctx: RunContext, accept: bool) -> None:
+    """A new run records its evaluator (code, settings, data, versions) for the gate and the final tasks;
+    a resumed one recomputes it and stops, saying what changed, when it differs: verdicts made under
+    two evaluators are not comparable. `accept` (resume --accept-evaluator-change) goes on and records
+    the change in the ledger."""
+    now = {
+        "gate": evaluator_identity(ctx.domain, ctx.heldout(ctx.gate_ids), ctx.cfg.eval),
+        "final": evaluator_identity(ctx.domain, ctx.heldout(ctx.final_ids), ctx.cfg.eval),
+    }
+    saved = ctx.ledger.get_meta("evaluator")
+    if saved is None and (started := ctx.ledger.stage_result(0, "start")) is not None:
+        # A run from before the components were recorded: only the final tasks' hash can be compared.
+        if started["evaluator_hash"] != identity_hash(now["final"]) and not accept:
+            raise EvaluatorChanged(
+                f"{ctx.run_dir}: the evaluator changed since this run started ({started['evaluator_hash']} -> "
+                f"{identity_hash(now['final'])}); this run predates the record of what it is made of, so what "
+                "changed cannot be named. `evotrainer resume RUN --accept-evaluator-change` continues under the "
+                "new evaluator and records it"
+            )
+    elif saved is not None:
+        old = json.loads(saved)
+        changed = sorted(set(what_changed(old["gate"], now["gate"]) + what_changed(old["final"], now["final"])))
+        if changed and not accept:
+            raise EvaluatorChanged(
+                f"{ctx.run_dir}: the evaluator changed since this run started: {'; '.join(changed)}. Verdicts made "
+                "under two evaluators are not comparable; restore it, or `evotrainer resume RUN "
+                "--accept-evaluator-change` to continue under the new one (the change is recorded)"
+            )
+        if changed:
+            ctx.ledger.set_meta(f"evaluator_accepted_{time.time():.0f}", json.dumps(changed))
+    if saved is None or accept:
+        ctx.ledger.set_meta("evaluator", json.dumps(now))
+
+
+def expect_evaluator(ctx: RunContext, which: str, got: str, what: str) -> None:
+    """Outcomes read by a decision must come from the run's evaluator (`which`: gate or final tasks)."""
+    want = identity_hash(json.loads(ctx.ledger.get_meta("evaluator"))[which])
+    if got != want:
+        raise EvaluatorChanged(
+            f"{what} was evaluated under evaluator {got}, not the run's {want} ({which} tasks): its outcomes "
+            "cannot be compared with the run's; `evotrainer resume` redoes the stage"
+        )
 
 
 def _identity(cfg: RunConfig) -> str:
@@ -129,7 +180,9 @@ def start(ctx: RunContext, say: Any) -> tuple[StartResult, StageRecords]:
     """Round 0: the base policy, its checkpoint, the baseline on the final tasks, the root harness and suite."""
     cfg = ctx.cfg
     seed_everything(cfg)
+    t0 = time.perf_counter()
     policy = load_policy(cfg, ctx.domain, log=say)
+    warm = time.perf_counter() - t0
     ckpt = ctx.run_dir / "checkpoints" / "base"
     GRPOTrainer(policy, cfg.harness).save(ckpt)
     ev = evaluate(policy, ctx.domain, ctx.heldout(ctx.final_ids), cfg.eval)
@@ -151,8 +204,12 @@ def start(ctx: RunContext, say: Any) -> tuple[StartResult, StageRecords]:
         heldout_accuracy=None,
     )
     return (
-        StartResult(head=head, final_accuracy=ev.accuracy, evaluator_hash=ev.evaluator_hash),
-        StageRecords(branches=[row], charges={"eval": Charge(sum(e.action_tokens for e in ev.episodes))}),
+        StartResult(head=head, final_accuracy=ev.accuracy, evaluator_hash=ev.evaluator_hash, warm_start_seconds=warm),
+        # The warm start is built once and cached for every later run: its seconds stay out of budget.seconds
+        # (a slow machine would otherwise lose rounds to it), and the summary reports them on their own.
+        StageRecords(
+            branches=[row], charges={"eval": Charge(sum(e.action_tokens for e in ev.episodes))}, uncharged_seconds=warm
+        ),
     )
 
 
@@ -161,6 +218,7 @@ def final(ctx: RunContext, head: Mainline, stop_reason: str, rounds: int) -> tup
     cfg = ctx.cfg
     policy = HFPolicy.load(head.checkpoint, lora_rank=cfg.policy.lora_rank)
     ev = evaluate(policy, ctx.domain, ctx.heldout(ctx.final_ids), cfg.eval)
+    expect_evaluator(ctx, "final", ev.evaluator_hash, "the final read")
     record_eval(
         ctx.store,
         cfg.model_copy(update={"harness": head.harness}),
@@ -190,6 +248,7 @@ def summary(ctx: RunContext, started: StartResult, done: FinalResult) -> dict[st
         "rounds": done.rounds,
         "stop_reason": done.stop_reason,
         "baseline_accuracy": started.final_accuracy,
+        "warm_start_seconds": round(started.warm_start_seconds, 1),
         "final_accuracy": done.accuracy,
         "evaluator_hash": done.evaluator_hash,
         "harness_version": done.head.harness.version,
@@ -201,6 +260,8 @@ def summary(ctx: RunContext, started: StartResult, done: FinalResult) -> dict[st
             for rnd, g in gates
             if g.control_rejected
         ],
+        # Arms that ended discarded (off the final mainline's lineage), in steps and generated tokens.
+        **spend(ledger, lineage(ledger, done.head.branch)).to_dict(),
         "spent": asdict(ledger.spent()),
         "spent_by_stage": {k: asdict(v) for k, v in ledger.spent_by_stage().items()},
     }

@@ -75,6 +75,8 @@ FINDING_SCHEMA = pa.schema(
         ("knobs", pa.list_(pa.string())),
         ("message", pa.string()),
         ("validity", pa.bool_()),
+        ("flagged", pa.string()),
+        ("demoted", pa.string()),
     ]
 )
 # One row per diagnosis, findings or not: a window diagnosed clean is a decision of record too.

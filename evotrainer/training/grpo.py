@@ -4,15 +4,17 @@
 from __future__ import annotations
 
 import copy
+import io
 import math
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
-from evotrainer.harness.harness import Harness
-from evotrainer.policies.hf import HFPolicy, sequence_logprobs
+from evotrainer.harness.harness import Harness, Optimizer
+from evotrainer.policies.hf import HFPolicy, positions, sequence_logprobs
 from evotrainer.training.rollout import Episode
 
 # Groups whose reward std is below this are "zero std" (an exact == 0 misses float noise).
@@ -49,9 +51,11 @@ def advantages(
 
 
 class GRPOTrainer:
-    """The native backend. Holds the policy's optimizer and, when beta > 0, a frozen reference."""
+    """The native backend. Holds the policy's optimizer and, when beta > 0, a frozen reference: the run's
+    base model (`reference`, a checkpoint directory), so the KL penalty is to the initial model as in TRL,
+    whichever arm the trainer forks from; without one, the policy as it is when the trainer is made."""
 
-    def __init__(self, policy: HFPolicy, harness: Harness):
+    def __init__(self, policy: HFPolicy, harness: Harness, reference: str | Path | None = None):
         self.policy = policy
         self.harness = harness
         params = [p for p in policy.model.parameters() if p.requires_grad]
@@ -59,102 +63,168 @@ class GRPOTrainer:
         self.optimizer = torch.optim.AdamW(params, lr=o.learning_rate, betas=(0.9, 0.99), weight_decay=o.weight_decay)
         self.ref = None
         if harness.loss.beta > 0:
-            self.ref = copy.deepcopy(policy.model).eval().requires_grad_(False)
+            ref = HFPolicy.load(reference).model if reference else copy.deepcopy(policy.model)
+            self.ref = ref.eval().requires_grad_(False)
 
     def save(self, path: str | Path) -> None:
-        """Policy checkpoint plus optimizer state (written last; a fork copies both)."""
-        path = Path(path)
-        self.policy.save(path)
-        tmp = path / "optimizer.pt.tmp"
-        torch.save(self.optimizer.state_dict(), tmp)
-        tmp.rename(path / "optimizer.pt")
+        """Policy checkpoint plus optimizer state, swapped in together and on disk when this returns (a
+        ledger row may point at it next; a fork copies both)."""
+        self.policy.save(path, extra_files={"optimizer.pt": _state_bytes(self.optimizer.state_dict())})
 
     def load_optimizer(self, path: str | Path) -> None:
         f = Path(path) / "optimizer.pt"
         if f.exists():
             self.optimizer.load_state_dict(torch.load(f, weights_only=True))
-            # load_state_dict also restores the saved param-group settings; the harness owns those
-            # (a forked branch with a new learning rate must train with it, not with its parent's).
-            for g in self.optimizer.param_groups:
-                g["lr"] = self.harness.optimizer.learning_rate
-                g["weight_decay"] = self.harness.optimizer.weight_decay
+        # load_state_dict also restores the saved param-group settings; the harness owns those
+        # (a forked branch with a new learning rate must train with it, not with its parent's).
+        self.set_step(None)
+
+    def set_step(self, step: int | None) -> float:
+        """The learning rate of global step `step` under the harness's schedule (warm-up, then decay),
+        set on the optimizer; None: the base rate. A function of the global step, so an arm forked at
+        step 41 continues the schedule where its parent was."""
+        o = self.harness.optimizer
+        lr = o.learning_rate * (1.0 if step is None else lr_factor(o, step))
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+            g["weight_decay"] = o.weight_decay
+        return lr
 
     def update(self, episodes: list[Episode], adv: torch.Tensor, trainable: list[bool]) -> dict[str, float]:
         """One GRPO update (num_iterations optimizer steps) on a sampled batch. `trainable[i]` False
-        masks episode i out of the loss (truncated or masked); it still counts in the denominators,
-        as in TRL, so that masking does not rescale the others' gradients."""
+        masks episode i out of the loss (truncated or masked); it still counts in the denominators, so
+        that masking does not rescale the others' gradients: a mask changes which tokens drive the step,
+        not its size (TRL 1.16 leaves truncated completions out of its dapo denominator; we do not, so
+        that a masking intervention stays one factor and replay sees all of its effect)."""
         h = self.harness
         L = h.loss
         t0 = time.perf_counter()
         n_seq = len(episodes)
-        token_total = sum(ep.action_tokens for ep, ok in zip(episodes, trainable) if ok)
-        # Sequences with no gradient (zero advantage and no KL, or masked) are left out of the forward.
-        live = [i for i in range(n_seq) if trainable[i] and episodes[i].action_tokens and (adv[i] != 0 or L.beta > 0)]
+        token_total = sum(ep.action_tokens for ep in episodes)
+        # Sequences with no gradient (zero advantage, no KL and no entropy term, or masked) are left out
+        # of the forward.
+        extra = L.beta > 0 or L.entropy_coef > 0
+        live = [i for i in range(n_seq) if trainable[i] and episodes[i].action_tokens and (adv[i] != 0 or extra)]
         batches = _microbatches(live, episodes)
-        eps_low, eps_high = L.epsilon, L.epsilon_high if L.epsilon_high is not None else L.epsilon
-        temp = h.sampling.temperature
-        model = self.policy.model
-        model.train()
         tensors = [_pack(episodes, idx, self.policy.pad_id) for idx in batches]
-        olds = [None] * len(batches)
-        if L.num_iterations > 1:  # importance ratios against the policy that sampled
-            with torch.no_grad():
-                olds = [sequence_logprobs(model, ids, mask, temp) for ids, mask, _ in tensors]
-        refs = [None] * len(batches)
-        if L.beta > 0 and self.ref is not None:
-            with torch.no_grad():
-                refs = [sequence_logprobs(self.ref, ids, mask, temp) for ids, mask, _ in tensors]
-        stats = {"clip_low": 0.0, "clip_high": 0.0, "kl": 0.0, "tokens": 0.0}
+        olds, refs = self._fixed_logprobs(tensors)
+        stats = {"clip_low": 0.0, "clip_high": 0.0, "kl": 0.0, "tokens": 0.0, "entropy": 0.0}
         grad_norms, skipped = [], 0
         for it in range(L.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
-            for idx, (ids, mask, amask), old, ref in zip(batches, tensors, olds, refs):
-                a = adv[idx][:, None]
-                logp = sequence_logprobs(model, ids, mask, temp)
-                old_lp = logp.detach() if old is None else old
-                # Prompt and observation positions are zeroed before exp(), not multiplied by the mask
-                # after: an infinite log-ratio or KL there would make inf * 0 = NaN in the loss or in
-                # exp()'s backward, poisoning an otherwise finite step.
-                ratio = torch.exp((logp - old_lp).masked_fill(~amask, 0.0))
-                per_tok = -torch.min(ratio * a, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * a)
-                m = amask.float()
-                if ref is not None:
-                    log_r = (ref - logp).masked_fill(~amask, 0.0)
-                    kl = torch.exp(log_r) - log_r - 1
-                    per_tok = per_tok + L.beta * kl
-                    if it == 0:  # KL of the policy that sampled to the reference, as TRL logs it
-                        stats["kl"] += (kl.detach() * m).sum().item()
-                if L.loss_type == "grpo":
-                    loss = ((per_tok * m).sum(1) / m.sum(1).clamp(min=1)).sum() / n_seq
-                elif L.loss_type == "dapo":
-                    loss = (per_tok * m).sum() / max(token_total, 1)
-                else:  # dr_grpo: a constant denominator, free of length bias
-                    loss = (per_tok * m).sum() / (n_seq * h.sampling.max_completion_length * h.multi_turn.max_turns)
-                loss.backward()
-                with torch.no_grad():
-                    stats["clip_low"] += (((ratio < 1 - eps_low) & (a < 0)).float() * m).sum().item()
-                    stats["clip_high"] += (((ratio > 1 + eps_high) & (a > 0)).float() * m).sum().item()
-                    stats["tokens"] += m.sum().item()
-            params = [p for p in model.parameters() if p.requires_grad]
-            norm = float(torch.nn.utils.clip_grad_norm_(params, h.optimizer.max_grad_norm)) if batches else 0.0
+            for idx, packed, old, ref in zip(batches, tensors, olds, refs):
+                self._backward(packed, adv[idx][:, None], old, ref, n_seq, token_total, stats, first=it == 0)
+            norm, ok = self._step(bool(batches))
             grad_norms.append(norm)
-            if not math.isfinite(norm):
-                # A non-finite gradient skips the step instead of poisoning the weights.
-                self.optimizer.zero_grad(set_to_none=True)
-                skipped += 1
-                continue
-            if batches:
-                self.optimizer.step()
+            skipped += not ok
         tok = max(stats["tokens"], 1.0)
+        per_pass = stats["tokens"] / L.num_iterations
         return {
             "grad_norm": grad_norms[-1] if grad_norms else 0.0,
             "clip_ratio/low_mean": stats["clip_low"] / tok,
             "clip_ratio/high_mean": stats["clip_high"] / tok,
-            "kl": stats["kl"] / (tok / L.num_iterations) if L.beta > 0 else float("nan"),
+            "kl": stats["kl"] / max(per_pass, 1.0) if L.beta > 0 else float("nan"),
+            "entropy/trained": stats["entropy"] / max(per_pass, 1.0) if L.entropy_coef > 0 else float("nan"),
             "nonfinite_steps": float(skipped),
-            "tokens_trained": stats["tokens"] / L.num_iterations,
+            "tokens_trained": per_pass,
+            "learning_rate": self.optimizer.param_groups[0]["lr"],
             "train_seconds": time.perf_counter() - t0,
         }
+
+    def _fixed_logprobs(self, tensors: list) -> tuple[list, list]:
+        """Logprobs that do not move during the update: of the policy that sampled (for importance ratios
+        when it makes several passes) and of the reference (for the KL)."""
+        L, temp, model = self.harness.loss, self.harness.sampling.temperature, self.policy.model
+        model.train()
+        olds, refs = [None] * len(tensors), [None] * len(tensors)
+        with torch.no_grad():
+            if L.num_iterations > 1:
+                olds = [sequence_logprobs(model, ids, mask, temp) for ids, mask, _ in tensors]
+            if L.beta > 0 and self.ref is not None:
+                refs = [sequence_logprobs(self.ref, ids, mask, temp) for ids, mask, _ in tensors]
+        return olds, refs
+
+    def _backward(self, packed, a, old, ref, n_seq: int, token_total: int, stats: dict, first: bool) -> None:
+        """The loss of one microbatch, backpropagated (gradients accumulate over the batch)."""
+        h, L = self.harness, self.harness.loss
+        ids, mask, amask = packed
+        eps_low, eps_high = L.epsilon, L.epsilon_high if L.epsilon_high is not None else L.epsilon
+        logp, entropy = _logprobs_and_entropy(self.policy.model, ids, mask, h.sampling.temperature, L.entropy_coef > 0)
+        old_lp = logp.detach() if old is None else old
+        # Prompt and observation positions are zeroed before exp(), not multiplied by the mask after: an
+        # infinite log-ratio or KL there would make inf * 0 = NaN in the loss or in exp()'s backward,
+        # poisoning an otherwise finite step.
+        ratio = torch.exp((logp - old_lp).masked_fill(~amask, 0.0))
+        per_tok = -torch.min(ratio * a, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * a)
+        m = amask.float()
+        if ref is not None:
+            log_r = (ref - logp).masked_fill(~amask, 0.0)
+            kl = torch.exp(log_r) - log_r - 1
+            per_tok = per_tok + L.beta * kl
+            if first:  # KL of the policy that sampled to the reference, as TRL logs it
+                stats["kl"] += (kl.detach() * m).sum().item()
+        if L.loss_type == "grpo":
+            loss = ((per_tok * m).sum(1) / m.sum(1).clamp(min=1)).sum() / n_seq
+        elif L.loss_type == "dapo":
+            loss = (per_tok * m).sum() / max(token_total, 1)
+        else:  # dr_grpo: a constant denominator, free of length bias
+            loss = (per_tok * m).sum() / (n_seq * h.sampling.max_completion_length * h.multi_turn.max_turns)
+        if entropy is not None:
+            # TRL's entropy_coef: a bonus of the mean per-token entropy of the batch's trained tokens, the
+            # same for every loss type (its denominator is not the loss type's).
+            ent = (entropy * m).sum() / max(token_total, 1)
+            loss = loss - L.entropy_coef * ent
+            stats["entropy"] += (entropy.detach() * m).sum().item()
+        loss.backward()
+        with torch.no_grad():
+            stats["clip_low"] += (((ratio < 1 - eps_low) & (a < 0)).float() * m).sum().item()
+            stats["clip_high"] += (((ratio > 1 + eps_high) & (a > 0)).float() * m).sum().item()
+            stats["tokens"] += m.sum().item()
+
+    def _step(self, any_batch: bool) -> tuple[float, bool]:
+        """Clip and apply the accumulated gradient; a non-finite gradient skips the step instead of
+        poisoning the weights. Returns (gradient norm, whether the step was taken)."""
+        params = [p for p in self.policy.model.parameters() if p.requires_grad]
+        norm = (
+            float(torch.nn.utils.clip_grad_norm_(params, self.harness.optimizer.max_grad_norm)) if any_batch else 0.0
+        )
+        if not math.isfinite(norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            return norm, False
+        if any_batch:
+            self.optimizer.step()
+        return norm, True
+
+
+def lr_factor(o: Optimizer, step: int) -> float:
+    """The schedule's multiplier of the base learning rate at global step `step` (1-based): linear
+    warm-up over the first `warmup_steps`, then the decay (TRL's lr_scheduler_type linear / cosine,
+    with a floor of min_lr_ratio) reaching its floor at `decay_steps`."""
+    warm = min(1.0, step / o.warmup_steps) if o.warmup_steps else 1.0
+    if o.lr_decay == "constant" or not o.decay_steps:
+        return warm
+    t = min(max(step - o.warmup_steps, 0) / max(o.decay_steps - o.warmup_steps, 1), 1.0)
+    shape = 1.0 - t if o.lr_decay == "linear" else 0.5 * (1.0 + math.cos(math.pi * t))
+    return warm * (o.min_lr_ratio + (1.0 - o.min_lr_ratio) * shape)
+
+
+def _logprobs_and_entropy(
+    model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, temperature: float, entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logprob of ids[:, 1:] given the prefix ([B, T-1], differentiable) and, when asked, the entropy of
+    the (temperature-scaled) next-token distribution at each position."""
+    if not entropy:
+        return sequence_logprobs(model, ids, mask, temperature), None
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=False)
+    logp_all = F.log_softmax(out.logits[:, :-1].float() / temperature, dim=-1)
+    ent = -(logp_all.exp() * logp_all).sum(-1)
+    return logp_all.gather(-1, ids[:, 1:, None]).squeeze(-1), ent
+
+
+def _state_bytes(state: dict) -> bytes:
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return buf.getvalue()
 
 
 def _microbatches(live: list[int], episodes: list[Episode]) -> list[list[int]]:

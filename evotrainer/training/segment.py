@@ -101,6 +101,98 @@ def to_rollouts(
     return out
 
 
+@dataclass
+class Batch:
+    """One step's sampled groups, scored under the harness: every episode drawn (under dynamic sampling,
+    dropped groups too: they are stored as evidence) and which of them the update trains on."""
+
+    picked: list[Task]
+    episodes: list[Episode]
+    terms: list[dict[str, float]]
+    totals: np.ndarray
+    group_std: np.ndarray
+    trained: np.ndarray  # bool per episode: in the update's batch (dynamic sampling drops whole groups)
+    rounds: int = 1
+
+
+def sample_batch(
+    trainer: GRPOTrainer,
+    domain: Domain,
+    pool: list[Task],
+    ctx: StepContext,
+    step: int,
+    pass_rates: dict[str, float] | None,
+) -> Batch:
+    """Draw prompts_per_step prompts and roll out their groups; under dynamic sampling, draw again
+    (another seeded stream per round) until prompts_per_step groups whose rewards are not all equal are
+    in hand, or max_sampling_rounds draws were made (DAPO)."""
+    h, s = trainer.harness, trainer.harness.sampling
+    rounds = h.filters.max_sampling_rounds if h.filters.dynamic_sampling else 1
+    parts: list[Batch] = []
+    informative = 0
+    for r in range(rounds):
+        part = _draw(trainer, domain, pool, ctx, step, pass_rates, r)
+        parts.append(part)
+        informative += int((part.group_std[:: s.num_generations] >= ZERO_STD).sum())
+        if informative >= s.prompts_per_step:
+            break
+    batch = Batch(
+        [t for p in parts for t in p.picked],
+        [e for p in parts for e in p.episodes],
+        [t for p in parts for t in p.terms],
+        np.concatenate([p.totals for p in parts]),
+        np.concatenate([p.group_std for p in parts]),
+        np.ones(sum(len(p.episodes) for p in parts), bool),
+        len(parts),
+    )
+    if h.filters.dynamic_sampling:
+        live = batch.group_std >= ZERO_STD
+        # The first prompts_per_step informative groups train; all-equal groups and the surplus do not.
+        group_rank = np.cumsum(live[:: s.num_generations]) * live[:: s.num_generations]
+        batch.trained = np.repeat((group_rank > 0) & (group_rank <= s.prompts_per_step), s.num_generations)
+    return batch
+
+
+def _draw(
+    trainer: GRPOTrainer,
+    domain: Domain,
+    pool: list[Task],
+    ctx: StepContext,
+    step: int,
+    pass_rates: dict[str, float] | None,
+    r: int,
+) -> Batch:
+    """One draw of prompts_per_step prompts with num_generations rollouts each, scored. Draw 0 is seeded
+    by (seed, step) exactly as a step without dynamic sampling is; later draws by (seed, step, draw)."""
+    h, s = trainer.harness, trainer.harness.sampling
+    seed = ctx.seed if r == 0 else ctx.seed * 101 + r
+    picked = step_tasks(pool, s.prompts_per_step, seed, step, h.curriculum, pass_rates)
+    tasks = [t for t in picked for _ in range(s.num_generations)]
+    gen = torch.Generator().manual_seed(seed * 7_919 + step)
+    episodes = run_episodes(
+        trainer.policy,
+        domain,
+        tasks,
+        max_new_tokens=s.max_completion_length,
+        max_turns=h.multi_turn.max_turns,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        tool_error=h.multi_turn.tool_error,
+        generator=gen,
+    )
+    terms = [term_values(domain, ep.task, ep.turns, ep.info) for ep in episodes]
+    totals = total_reward(
+        h,
+        {k: np.array([t[k] for t in terms]) for k in terms[0]},
+        np.array([ep.action_tokens for ep in episodes]),
+        np.array([max((t.tokens for t in ep.turns), default=0) for ep in episodes]),
+        np.array([ep.termination for ep in episodes]),
+    )
+    group = np.arange(len(episodes)) // s.num_generations
+    _, group_std = advantages(totals, group, h.loss.advantage_estimator, h.loss.scale_rewards)
+    return Batch(picked, episodes, terms, totals, group_std, np.ones(len(episodes), bool))
+
+
 def train_step(
     trainer: GRPOTrainer,
     domain: Domain,
@@ -115,77 +207,34 @@ def train_step(
     h: Harness = trainer.harness
     s = h.sampling
     t0 = time.perf_counter()
-    picked = step_tasks(pool, s.prompts_per_step, ctx.seed, step, h.curriculum, pass_rates)
-    tasks = [t for t in picked for _ in range(s.num_generations)]
-    gen = torch.Generator().manual_seed(ctx.seed * 7_919 + step)
-    episodes = run_episodes(
-        trainer.policy,
-        domain,
-        tasks,
-        max_new_tokens=s.max_completion_length,
-        max_turns=h.multi_turn.max_turns,
-        temperature=s.temperature,
-        top_p=s.top_p,
-        tool_error=h.multi_turn.tool_error,
-        generator=gen,
-    )
+    trainer.set_step(step)
+    b = sample_batch(trainer, domain, pool, ctx, step, pass_rates)
     gen_seconds = time.perf_counter() - t0
-    terms = [term_values(domain, ep.task, ep.turns, ep.info) for ep in episodes]
-    termination = np.array([ep.termination for ep in episodes])
-    totals = total_reward(
-        h,
-        {k: np.array([t[k] for t in terms]) for k in terms[0]},
-        np.array([ep.action_tokens for ep in episodes]),
-        np.array([max((t.tokens for t in ep.turns), default=0) for ep in episodes]),
-        termination,
-    )
-    group = np.arange(len(episodes)) // s.num_generations
-    adv, group_std = advantages(totals, group, h.loss.advantage_estimator, h.loss.scale_rewards)
+    idx = np.flatnonzero(b.trained)
+    sub = [b.episodes[i] for i in idx]
+    termination = np.array([ep.termination for ep in sub])
+    group = np.arange(len(sub)) // s.num_generations
+    adv, group_std = advantages(b.totals[idx], group, h.loss.advantage_estimator, h.loss.scale_rewards)
     keep = trainable(h, termination, group_std)
-    metrics = trainer.update(episodes, torch.tensor(adv, dtype=torch.float32), keep.tolist())
-    if pass_rates is not None and "correct" in terms[0]:
-        for j, task in enumerate(picked):
+    metrics = trainer.update(sub, torch.tensor(adv, dtype=torch.float32), keep.tolist())
+    if pass_rates is not None and "correct" in b.terms[0]:
+        for j, task in enumerate(b.picked):
             pass_rates[task.id] = float(
-                np.mean([terms[j * s.num_generations + k]["correct"] for k in range(s.num_generations)])
+                np.mean([b.terms[j * s.num_generations + k]["correct"] for k in range(s.num_generations)])
             )
-    audited = audit_sample(len(episodes), audit_fraction, ctx.seed, step)
-    audits: list[bool | None] = [None] * len(episodes)
+    audited = audit_sample(len(b.episodes), audit_fraction, ctx.seed, step)
+    audits: list[bool | None] = [None] * len(b.episodes)
     for i in audited:
-        audits[i] = bool(domain.audit(episodes[i].task, episodes[i].turns, episodes[i].info))
-    n_tok = sum(ep.action_tokens for ep in episodes)
-    metrics.update(
-        {
-            "reward": float(totals.mean()),
-            "reward_std": float(totals.std(ddof=1)) if len(totals) > 1 else 0.0,
-            "frac_reward_zero_std": float((group_std[:: s.num_generations] < ZERO_STD).mean()),
-            "frac_trainable": float(keep.mean()),
-            "completions/mean_length": n_tok / len(episodes),
-            "completions/max_length": float(max(ep.action_tokens for ep in episodes)),
-            "completions/clipped_ratio": sum(ep.termination == "length" for ep in episodes) / len(episodes),
-            "entropy": sum(ep.entropy_sum for ep in episodes) / max(n_tok, 1),
-            "num_turns/mean": sum(len(ep.turns) for ep in episodes) / len(episodes),
-            "tool_errors/mean": sum(t.tool_error for ep in episodes for t in ep.turns) / len(episodes),
-            "turn_cap_ratio": sum(ep.termination == "turn_cap" for ep in episodes) / len(episodes),
-            "tokens_generated": float(n_tok),
-            "gen_seconds": gen_seconds,
-            "seconds": time.perf_counter() - t0,
-        }
-    )
-    if audited:
-        metrics["audit/pass_rate"] = float(np.mean([audits[i] for i in audited]))
-    for name, weight in h.reward_weights.items():
-        metrics[f"reward_weights/{name}"] = float(weight)  # which terms were paid, for the detectors
-    for name in terms[0]:
-        vals = np.array([t[name] for t in terms])
-        metrics[f"rewards/{name}/mean"] = float(vals.mean())
-        metrics[f"rewards/{name}/std"] = float(vals.std(ddof=1)) if len(vals) > 1 else 0.0
+        audits[i] = bool(domain.audit(b.episodes[i].task, b.episodes[i].turns, b.episodes[i].info))
+    metrics.update(step_metrics(h, b, keep, audits, audited))
+    metrics.update({"gen_seconds": gen_seconds, "seconds": time.perf_counter() - t0})
     if store is not None:
         shard = f"{ctx.branch}-s{step:06d}"
         store.append(
             to_rollouts(
-                episodes,
-                terms,
-                totals.tolist(),
+                b.episodes,
+                b.terms,
+                b.totals.tolist(),
                 ctx=ctx,
                 step=step,
                 harness_version=h.version,
@@ -196,3 +245,35 @@ def train_step(
         )
         store.append_metrics(ctx.run, ctx.branch, step, metrics, shard)
     return metrics
+
+
+def step_metrics(
+    h: Harness, b: Batch, keep: np.ndarray, audits: list[bool | None], audited: list[int]
+) -> dict[str, float]:
+    """The step's metrics under TRL's names, over every episode drawn (a dropped group is still seen)."""
+    episodes, n = b.episodes, len(b.episodes)
+    n_tok = sum(ep.action_tokens for ep in episodes)
+    m = {
+        "reward": float(b.totals.mean()),
+        "reward_std": float(b.totals.std(ddof=1)) if n > 1 else 0.0,
+        "frac_reward_zero_std": float((b.group_std[:: h.sampling.num_generations] < ZERO_STD).mean()),
+        "frac_trainable": float(keep.sum() / n),
+        "sampling_rounds": float(b.rounds),
+        "completions/mean_length": n_tok / n,
+        "completions/max_length": float(max(ep.action_tokens for ep in episodes)),
+        "completions/clipped_ratio": sum(ep.termination == "length" for ep in episodes) / n,
+        "entropy": sum(ep.entropy_sum for ep in episodes) / max(n_tok, 1),
+        "num_turns/mean": sum(len(ep.turns) for ep in episodes) / n,
+        "tool_errors/mean": sum(t.tool_error for ep in episodes for t in ep.turns) / n,
+        "turn_cap_ratio": sum(ep.termination == "turn_cap" for ep in episodes) / n,
+        "tokens_generated": float(n_tok),
+    }
+    if audited:
+        m["audit/pass_rate"] = float(np.mean([audits[i] for i in audited]))
+    for name, weight in h.reward_weights.items():
+        m[f"reward_weights/{name}"] = float(weight)  # which terms were paid, for the detectors
+    for name in b.terms[0]:
+        vals = np.array([t[name] for t in b.terms])
+        m[f"rewards/{name}/mean"] = float(vals.mean())
+        m[f"rewards/{name}/std"] = float(vals.std(ddof=1)) if len(vals) > 1 else 0.0
+    return m

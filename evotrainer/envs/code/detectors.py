@@ -64,6 +64,7 @@ def hardcoded_examples(w: Window) -> list[Finding]:
             f"{100 * share1:.0f}% of recent code rollouts hard-code the visible examples (first third of the "
             f"window: {100 * share0:.0f}%); their mean reward is {paid:.3f}{audit}.",
             validity=True,
+            flagged=f"SELECT id FROM {_CODE} WHERE hardcoded >= {float(p['min_keyed'])!r}",
         )
     ]
 

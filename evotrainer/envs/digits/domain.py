@@ -48,6 +48,7 @@ class DigitsDomain:
     name = "digits"
     stop = ("\n",)
     demo_recipe: dict[str, Any] = {}
+    evaluator_packages: tuple[str, ...] = ()
 
     @classmethod
     def from_config(cls, env: DigitsConfig, *, seed: int, heldout_size: int) -> DigitsDomain:
@@ -62,6 +63,7 @@ class DigitsDomain:
     def __init__(
         self, *, seed: int, num_digits: int, train_size: int, heldout_size: int, infra_error_rate: float = 0.0
     ):
+        self.evaluator_settings = {"num_digits": num_digits, "infra_error_rate": infra_error_rate}
         self.num_digits = num_digits
         self.infra_error_rate = infra_error_rate
         space = 9 * 10 ** (num_digits - 1)

@@ -64,6 +64,7 @@ def _flagged(w: Window, name: str, condition: str, what: str, knobs: tuple[str, 
             f"{100 * bad / n:.1f}% of SWE rollouts ({bad}/{n}) {what} and the reward did not penalize it "
             f"({seen} did it in all); their mean reward is {paid:.3f}{audit}.",
             validity=True,
+            flagged=f"SELECT id FROM ({_SWE_SQL}) WHERE {condition}",
         )
     ]
 

@@ -251,6 +251,7 @@ class SweDomain:
     name = "swe"
     stop = ("\n",)
     demo_recipe: dict[str, Any] = {}
+    evaluator_packages: tuple[str, ...] = ()
 
     @classmethod
     def from_config(cls, env: SweConfig, *, seed: int, heldout_size: int) -> SweDomain:
@@ -279,6 +280,7 @@ class SweDomain:
             raise ValueError(
                 f"env.levels: unknown level(s) {bad}; known: " + "; ".join(f"{k}: {v}" for k, v in LEVELS.items())
             )
+        self.evaluator_settings = {"levels": sorted(set(levels)), "max_output": max_output}
         self.levels, self.max_output = sorted(set(levels)), max_output
         self._runner = runner
         self.reward_terms = {

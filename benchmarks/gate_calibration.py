@@ -1,0 +1,267 @@
+"""Is the gate's error rate what its level says, and can it still promote a known-good change?
+
+Null candidates are the control's own harness in a candidate's slot (on the candidate's own seeds, as
+every arm has): any promotion of one is false. The benchmark trains pools of real arms from the README
+main job's situation (examples/math.yaml): null arms from the round-1 start (learning rate 1e-5) and
+from a later start (after the learning-rate fix, 1e-4, where seed-to-seed spread is twice as large),
+and learning-rate-fix arms (1e-5 -> 1e-4) from the round-1 start, each evaluated on the gate tasks at
+the race's checkpoints. Rounds are then resampled from these arms' per-task outcomes (distinct arms
+for the control, the K candidates, the confirmation's candidate and control replicates) and run
+through the gate's own functions (gate.futile, gate.finalist, gate.two_stage): the false-promotion
+rate per round at K = 1, 2, 4 (the larger of the two starts), and the power to promote the
+learning-rate fix (one fix among K - 1 null candidates). Finally, real null trials run the loop's own
+trial and gate stages (stages/race.py, stages/decide.py) on fresh arms, with a null intervention
+(shaping.overlong_penalty_factor, which does nothing without an overlong buffer).
+
+Every arm is a resumable cell (its arm.json, reused only under the same spec), so the grid can run over
+several sittings:
+
+    .venv/bin/python benchmarks/gate_calibration.py [--nulls 24] [--lr-arms 16] [--real-trials 20]
+
+Writes benchmarks/results/gate_calibration.json: one object per K with candidates, false_promotion_rate,
+nominal, power, null_trials, real_null_trials (and the per-start rates and the real trials' outcomes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from evotrainer.backtest import gate  # noqa: E402
+from evotrainer.backtest.statistics import Pair, noise_of  # noqa: E402
+from evotrainer.backtest.trial import ArmSpec, run_arm  # noqa: E402
+from evotrainer.config import RunConfig, load_config  # noqa: E402
+from evotrainer.envs.registry import make_domain  # noqa: E402
+from evotrainer.harness.harness import Harness  # noqa: E402
+from evotrainer.policies import load_policy  # noqa: E402
+from evotrainer.stages.context import split_heldout  # noqa: E402
+from evotrainer.stages.race import checkpoints  # noqa: E402
+from evotrainer.training.grpo import GRPOTrainer  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent
+
+
+def with_lr(h: Harness, lr: float) -> Harness:
+    return h.model_copy(update={"optimizer": h.optimizer.model_copy(update={"learning_rate": lr})})
+
+
+class Cells:
+    """The benchmark's arms, each trained once (run_arm reuses a finished one under the same spec)."""
+
+    def __init__(self, cfg: RunConfig, work: Path):
+        self.cfg, self.work = cfg, work
+        domain = make_domain(cfg)
+        self.gate_ids, _ = split_heldout(
+            [t.id for t in domain.tasks("heldout")], cfg.gate.final_fraction, cfg.run.seed
+        )
+        base = work / "checkpoints" / "base"
+        if not (base / "optimizer.pt").exists():
+            GRPOTrainer(load_policy(cfg, domain), cfg.harness).save(base)
+        self.base = base
+        self.marks = checkpoints(cfg.loop.trial_steps, cfg.loop.race_checkpoints)
+
+    def arm(self, name: str, harness: Harness, start: Path, first: int, steps: int, seed: int, gate_eval: bool = True):
+        spec = ArmSpec(
+            branch=name,
+            role="candidate",
+            run_dir=str(self.work),
+            config=self.cfg.model_dump(mode="json"),
+            harness=harness.model_dump(mode="json"),
+            start=str(start),
+            seed=seed,
+            first_step=first,
+            steps=steps,
+            gate_ids=tuple(self.gate_ids) if gate_eval else None,
+            checkpoints=self.marks if gate_eval else (),
+        )
+        return run_arm(spec)
+
+    def starts(self) -> dict[str, tuple[Path, int]]:
+        """lo: the round-1 start (the base trained one segment under the main job's harness); hi: after
+        the learning-rate fix (30 more steps at 1e-4)."""
+        seg = self.cfg.loop.segment_steps
+        lo = self.arm("start-lo", self.cfg.harness, self.base, 1, seg, self.cfg.run.seed, gate_eval=False)
+        hi = self.arm(
+            "start-hi",
+            with_lr(self.cfg.harness, 1e-4),
+            Path(lo.checkpoint),
+            seg + 1,
+            30,
+            self.cfg.run.seed,
+            gate_eval=False,
+        )
+        return {"lo": (Path(lo.checkpoint), seg + 1), "hi": (Path(hi.checkpoint), seg + 31)}
+
+
+def pools(cells: Cells, n_null: int, n_lr: int) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    steps, h = cells.cfg.loop.trial_steps, cells.cfg.harness
+    jobs = [
+        ("null-lo", "lo", h, n_null),
+        ("null-hi", "hi", with_lr(h, 1e-4), n_null),
+        ("lr-fix", "lo", with_lr(h, 1e-4), n_lr),
+    ]
+    starts = cells.starts()
+    for kind, where, harness, n in jobs:
+        start, first = starts[where]
+        for i in range(n):
+            t0 = time.perf_counter()
+            r = cells.arm(f"{kind}-{i}", harness if kind != "null-hi" else harness, start, first, steps, 1000 + i)
+            out.setdefault(kind, []).append({"curve": r.checkpoint_outcomes, "final": r.outcomes, "acc": r.accuracy})
+            print(f"{kind}-{i}: {r.accuracy:.3f} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    return out
+
+
+def race(ctrl: dict, cand: dict, marks: list[str]) -> Pair | None:
+    """The race as the trial runs it: None when the candidate stops at a checkpoint."""
+    for i, m in enumerate(marks):
+        if gate.futile(cand["curve"][m], ctrl["curve"][m], i == 0):
+            return None
+    return Pair.of(cand["final"], ctrl["final"])
+
+
+def one_round(ctrl: dict, cands: list[dict], replicate: list[dict], ctlr: dict, level: float) -> int | None:
+    """The promoted candidate (1-based), or None, by the gate's own functions."""
+    marks = sorted(ctrl["curve"], key=int)
+    stage1 = [race(ctrl, c, marks) for c in cands]
+    j, _ = gate.finalist(stage1, noise_of([], gate.BASE_DOF))
+    if j is None:
+        return None
+    noise = noise_of([Pair.of(ctlr["final"], ctrl["final"])], gate.BASE_DOF)
+    _, reasons = gate.two_stage(
+        stage1[j - 1], Pair.of(replicate[j - 1]["final"], ctlr["final"]), len(cands), noise, level
+    )
+    return None if reasons else j
+
+
+def resample(pool: dict[str, list[dict]], null: str, k: int, lr: bool, n: int, level: float, seed: int) -> float:
+    """Share of n resampled rounds that promote: any promotion (null rounds) or the fix's (lr rounds)."""
+    rng, hits = random.Random(seed), 0
+    nulls, fixes = pool[null], pool["lr-fix"]
+    for _ in range(n):
+        pick = [nulls[i] for i in rng.sample(range(len(nulls)), 2 + 2 * k)]
+        ctrl, ctlr, cands, reps = pick[0], pick[1], pick[2 : 2 + k], pick[2 + k :]
+        if lr:
+            a, b = rng.sample(range(len(fixes)), 2)
+            cands, reps = [fixes[a], *cands[1:]], [fixes[b], *reps[1:]]
+        j = one_round(ctrl, cands, reps, ctlr, level)
+        hits += (j == 1) if lr else (j is not None)
+    return hits / n
+
+
+def real_null_trials(cfg: RunConfig, work: Path, n: int, k: int) -> list[dict]:
+    """n trials through the loop's own stages (race.trial, decide.gate_stage) on fresh arms, with null
+    candidates. Each is a cell: a run directory that keeps its ledger."""
+    out = []
+    for i in range(n):
+        out.append(real_null_trial(cfg, work, i, k))
+        note = "PROMOTED" if out[-1]["promoted"] else "no promotion"
+        print(f"real null trial {i}: {note} (finalist {out[-1]['finalist']})", flush=True)
+    return out
+
+
+def real_null_trial(cfg: RunConfig, work: Path, i: int, k: int) -> dict:
+    from evotrainer.backtest.trial import ArmResult
+    from evotrainer.harness.interventions import Hypothesis, Intervention
+    from evotrainer.proposers.proposer import Proposal
+    from evotrainer.stages import decide, start
+    from evotrainer.stages import race as race_stage
+    from evotrainer.stages.context import run_stage
+    from evotrainer.stages.results import GateResult, StartResult, TrialResult
+
+    # Without an overlong buffer the overlong penalty's factor changes nothing: a null intervention.
+    null = Intervention(
+        kind="set_knob",
+        target="shaping.overlong_penalty_factor",
+        value=0.5,
+        hypothesis=Hypothesis(finding="explore", signal="heldout/accuracy", direction="up"),
+    )
+    run = cfg.run.model_copy(update={"name": f"real-null-{i}", "out_dir": work / "real", "seed": 5000 + i})
+    c = cfg.model_copy(
+        update={"run": run, "loop": cfg.loop.model_copy(update={"candidates": k, "max_trial_share": 1.0})}
+    )
+    ctx = start.open_run(c, resume=(work / "real" / run.name / "ledger.sqlite").exists())
+    head = run_stage(ctx, 0, "start", StartResult, lambda: start.start(ctx, lambda *_: None)).head
+    seg = ArmResult(
+        branch="base",
+        role="segment",
+        checkpoint=head.checkpoint,
+        harness_version=head.harness.version,
+        first_step=0,
+        last_step=0,
+        generated_tokens=1,
+        trained_tokens=0,
+        seconds=0.0,
+    )
+    survivors = [(Proposal(null.bind(head.harness), "explore"), None) for _ in range(k)]
+    tried = run_stage(ctx, 1, "trial", TrialResult, lambda: race_stage.trial(ctx, 1, head, seg, survivors, []))
+    gated = run_stage(
+        ctx, 1, "gate", GateResult, lambda: decide.gate_stage(ctx, 1, head, head.suite, tried, survivors, [])
+    )
+    ctx.ledger.close()
+    return {
+        "trial": i,
+        "candidates": k,
+        "promoted": any(v.decision == "promote" for v in gated.verdicts),
+        "finalist": tried.finalist,
+        "verdicts": [v.model_dump() for v in gated.verdicts],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default=str(ROOT.parent / "examples" / "math.yaml"))
+    ap.add_argument("--nulls", type=int, default=24, help="null arms per start")
+    ap.add_argument("--lr-arms", type=int, default=16)
+    ap.add_argument("--real-trials", type=int, default=20)
+    ap.add_argument("--resamples", type=int, default=4000)
+    ap.add_argument("--work", default="/tmp/evotrainer-gate-calibration")
+    ap.add_argument("--out", default=str(ROOT / "results" / "gate_calibration.json"))
+    args = ap.parse_args()
+    work = Path(args.work)
+    cfg = load_config(args.config, {"run.name": "gate-calibration", "run.out_dir": str(work.parent)})
+    cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"out_dir": work.parent, "name": work.name})})
+    t0 = time.perf_counter()
+    pool = pools(Cells(cfg, work), args.nulls, args.lr_arms)
+    level, rows = cfg.gate.level, []
+    real = real_null_trials(cfg, work, args.real_trials, 1)
+    for k in (1, 2, 4):
+        rates = {s: resample(pool, f"null-{s}", k, False, args.resamples, level, 11 * k) for s in ("lo", "hi")}
+        rows.append(
+            {
+                "candidates": k,
+                "false_promotion_rate": max(rates.values()),
+                "nominal": round(1 - level, 4),
+                "power": resample(pool, "null-lo", k, True, args.resamples, level, 13 * k),
+                "null_trials": args.resamples * 2,
+                "real_null_trials": len(real) if k == 1 else 0,
+                "false_promotion_rate_by_start": rates,
+                "real_null_promotions": sum(r["promoted"] for r in real) if k == 1 else None,
+            }
+        )
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
+    acc = {kind: [round(a["acc"], 3) for a in arms] for kind, arms in pool.items()}
+    print(f"\narms: {json.dumps(acc)}\n{time.perf_counter() - t0:.0f} s\n")
+    print(
+        "| K | false promotions per round (lo / hi start) | nominal | power (learning-rate fix) |\n|---|---|---|---|"
+    )
+    for r in rows:
+        lo, hi = r["false_promotion_rate_by_start"]["lo"], r["false_promotion_rate_by_start"]["hi"]
+        print(
+            f"| {r['candidates']} | {r['false_promotion_rate']:.3f} ({lo:.3f} / {hi:.3f}) | {r['nominal']:.2f} | "
+            f"{r['power']:.3f} |"
+        )
+    print(
+        f"\nreal null trials (K=1, the loop's own stages): {sum(r['promoted'] for r in real)} promoted of {len(real)}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""Graded moves of one knob: the values a proposer tries for it, nearest the decisive first. Numeric knobs
+move by a ladder of factors in both directions (x10, then x3 and x0.3, then x1.5 and x0.67: after a
+decade is rejected, the finer steps still get their chance), from zero by first values worth trying;
+flags toggle, choices cycle, thresholds switch on. screen() drops the moves already rejected, so the
+first move left is the next rung. Every harness knob has at least one move (tests/test_search.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from evotrainer.harness.harness import Harness
+from evotrainer.harness.interventions import knob_value
+from evotrainer.harness.knobs import knob
+
+# Each rung's factor, coarse to fine. A decade is the usual first step of a learning-rate sweep; knobs with
+# a narrow useful range (temperature, clip ranges) move by smaller factors.
+RUNGS: dict[str, tuple[float, ...]] = {
+    "optimizer.learning_rate": (10.0, 3.0, 1.5),
+    "optimizer.max_grad_norm": (10.0, 3.0),
+    "sampling.temperature": (1.3, 1.15),
+    "sampling.top_p": (1.1,),
+    "loss.epsilon": (1.5, 1.25),
+    "loss.epsilon_high": (1.5, 1.25),
+}
+DEFAULT_RUNGS = (3.0, 1.5)
+# Numeric knobs that are off at 0: their first values to try (multiplying 0 goes nowhere).
+FROM_ZERO: dict[str, tuple[float, ...]] = {
+    "loss.entropy_coef": (0.001, 0.01),
+    "loss.beta": (0.01, 0.04),
+    "optimizer.weight_decay": (0.01, 0.1),
+    "optimizer.warmup_steps": (10, 30),
+    "optimizer.decay_steps": (200, 600),
+    "optimizer.min_lr_ratio": (0.1,),
+    "shaping.length_penalty": (0.001, 0.003),
+    "shaping.overlong_buffer_len": (2, 4),
+    "optimizer.learning_rate": (1e-5, 1e-4),
+}
+# Thresholds that are off at None: the value that switches them on.
+SWITCH_ON: dict[str, Any] = {
+    "filters.zero_std_threshold": 1e-6,
+    "curriculum.easy_threshold": 1.0,
+    "curriculum.hard_threshold": 0.0,
+    "loss.epsilon_high": 0.28,
+}
+NOT_MOVED = frozenset({"suite_version", "reward_weights.*"})
+
+
+def moves(h: Harness, path: str, up: bool | None = None) -> list[Any]:
+    """The values to try for knob `path` of harness h, in order; `up` puts that direction first."""
+    if path in NOT_MOVED or path.startswith("reward_weights."):
+        return []  # reward terms move by the catalog's remedies (regrade, drop, reweigh): they are not a dial
+    k, v = knob(path), knob_value(h, path)
+    if path in SWITCH_ON:
+        return [SWITCH_ON[path]] if v is None else [None]
+    if isinstance(v, bool):
+        return [not v]
+    if k.choices and not isinstance(v, tuple):
+        return [c for c in k.choices if c != v]
+    if isinstance(v, tuple) or v is None:
+        return _tuple_moves(path, v)
+    if not v:
+        return [x for x in FROM_ZERO.get(path, ()) if _in_range(k, x)]
+    return _ladder(k, v, up)
+
+
+def _ladder(k, v: float, up: bool | None) -> list[Any]:
+    """The first rung (x10 for the learning rate) one way, or both when no direction is preferred; then
+    each finer rung both ways (x3 and x0.3), the preferred direction first; with a direction, the opposite
+    first rung comes last."""
+    big, *fine = RUNGS.get(k.path, DEFAULT_RUNGS)
+    first = [big] if up else [1 / big] if up is False else [big, 1 / big]
+    factors = first + [f for r in fine for f in ((r, 1 / r) if up is not False else (1 / r, r))]
+    if up is not None:
+        factors.append(1 / big if up else big)
+    out: list[Any] = []
+    for f in factors:
+        x = v * f
+        x = int(round(x)) if k.type == "int" else float(f"{x:.3g}")
+        if k.low is not None:
+            x = max(x, type(x)(k.low))
+        if k.high is not None:
+            x = min(x, type(x)(k.high))
+        if x != v and x not in out:
+            out.append(x)
+    return out
+
+
+def _tuple_moves(path: str, v: tuple | None) -> list[Any]:
+    if path == "filters.mask_terminations":
+        present = set(v or ())
+        return [tuple(sorted(present | {t})) for t in ("length", "error", "timeout", "tool_error") if t not in present]
+    if path == "curriculum.levels" and v and len(v) > 1:
+        return [tuple(sorted(v)[1:]), tuple(sorted(v)[:-1])]  # drop the easiest level, or the hardest
+    return []
+
+
+def _in_range(k, x: Any) -> bool:
+    return (k.low is None or x >= k.low) and (k.high is None or x <= k.high)

@@ -1,0 +1,146 @@
+"""Stage 6, the trial: a race, then a confirmation. The control and the candidates fork from one
+checkpoint, each on its own seeds; the control runs first (it carries the mainline and never stops)
+and the candidates race it, evaluated on the gate tasks at checkpoints, a loser stopping where it
+cannot win (gate.futile). The race's best is then trained again on fresh seeds beside a control
+replicate (the confirmation, gate.two_stage), which is also the run's A-A measurement. A trial that
+cannot finish inside the budget is not started, and the candidates a round trials are cut to keep
+arms that end discarded within loop.max_trial_share."""
+
+from __future__ import annotations
+
+from evotrainer.backtest import gate
+from evotrainer.backtest.statistics import Pair
+from evotrainer.backtest.trial import ArmResult, ArmSpec
+from evotrainer.stages.context import RunContext, StageRecords, arm_charge
+from evotrainer.stages.noise import bank_noise
+from evotrainer.stages.results import BranchRecord, Mainline, TrialResult
+from evotrainer.stages.spend import lineage, spend
+from evotrainer.stages.start import over_budget
+from evotrainer.store.ledger import Charge
+from evotrainer.types import branch_id
+
+SEED_STRIDE = 7919
+_SEED_SLOT = {"control": 0, "aa": 100, "control_replicate": 200}
+
+
+def arm_seed(base: int, role: str, k: int = 0) -> int:
+    """Each arm its own seeds (tasks drawn, sampling noise): a candidate that changes nothing is then
+    exactly an A-A arm, which is what the gate's noise model measures. Shared seeds would buy nothing
+    here: on benchmarks/gate_calibration.py's arms the spread of a learning-rate fix minus its control
+    was 0.020 with shared seeds and 0.019 with other seeds (trajectories part within a few steps)."""
+    slot = 1 + k if role == "candidate" else 300 + k if role == "replicate" else _SEED_SLOT[role]
+    return base + SEED_STRIDE * slot
+
+
+def checkpoints(steps: int, n: int) -> tuple[int, ...]:
+    """n evenly spaced checkpoints strictly inside a trial of `steps` steps."""
+    return tuple(sorted({round(steps * i / (n + 1)) for i in range(1, n + 1)} - {0, steps}))
+
+
+def trial(
+    ctx: RunContext, rnd: int, head: Mainline, seg: ArmResult, survivors: list, taint: list[str]
+) -> tuple[TrialResult, StageRecords]:
+    cfg, steps = ctx.cfg, ctx.cfg.loop.trial_steps
+    start, first = (head.checkpoint, head.step + 1) if taint else (seg.checkpoint, seg.last_step + 1)
+    per_step = seg.generated_tokens // max(1, seg.last_step - seg.first_step + 1)
+    kept = lineage(ctx.ledger, head.branch) | ({seg.branch} if not taint else set())
+    aa_due = bool(survivors) and (
+        cfg.gate.aa_control == "round" or (cfg.gate.aa_control == "promotion" and head.aa_due)
+    )
+    # A racing candidate is charged half its length (the race stops most losers early), an A-A arm its whole.
+    cost = per_step * (steps // 2 if cfg.loop.race_checkpoints else steps)
+    k = len(survivors)
+    while k and not _within_share(ctx, kept, k * cost + aa_due * per_step * steps, per_step * steps):
+        k -= 1
+    note = "" if k == len(survivors) else f"{k} of {len(survivors)} candidate(s) within loop.max_trial_share"
+    aa_due = aa_due and k > 0
+    n_arms = 1 + k + aa_due
+    if cap := over_budget(cfg, ctx.ledger.spent(), Charge(per_step * steps * n_arms)):
+        return TrialResult(
+            arms=[], abandoned=f"budget.{cap} would be exceeded by {n_arms} arm(s) of {steps} steps"
+        ), StageRecords()
+    marks = checkpoints(steps, cfg.loop.race_checkpoints) if k else ()
+    spec = _specs(ctx, rnd, head, start, first, marks)
+    specs = [spec("control", "control", head.harness)]
+    [control] = _run(ctx, rnd, specs)
+    race = [
+        spec("candidate", "candidate", p.intervention.apply(head.harness), j, control.checkpoint_outcomes)
+        for j, (p, _) in enumerate(survivors[:k], 1)
+    ]
+    specs += race + ([spec("aa", "aa", head.harness)] if aa_due else [])
+    raced = _run(ctx, rnd, specs[1:])
+    arms = [control, *raced]
+    j = None
+    if k and cfg.gate.statistic == "two_stage":
+        j, note = _finalist(ctx, head, control, raced, k, kept, per_step * steps * 3, note)
+    if j is not None:
+        confirm = [
+            spec("replicate", "replicate", race[j - 1].harness, j),
+            spec("control_replicate", "control_replicate", head.harness),
+        ]
+        specs += confirm
+        arms += _run(ctx, rnd, confirm)
+    parent = head.branch if taint else seg.branch
+    seeds = {sp.branch: sp.seed for sp in specs}
+    return TrialResult(arms=arms, finalist=j, note=note), StageRecords(
+        branches=[BranchRecord.of(a, rnd, parent, head.suite.version, seeds[a.branch]) for a in arms],
+        charges={a.branch: arm_charge(a) for a in arms},
+    )
+
+
+def _specs(ctx: RunContext, rnd: int, head: Mainline, start: str, first: int, marks: tuple[int, ...]):
+    """A maker of this trial's arm specs: role, branch role, harness, candidate index, the control's
+    checkpoint outcomes to race (candidates only)."""
+    cfg = ctx.cfg
+
+    def spec(role: str, branch_role: str, harness, k: int = 0, race: dict | None = None) -> ArmSpec:
+        s = ctx.spec(
+            branch_id(rnd, branch_role, k),
+            role,
+            start,
+            harness,
+            first,
+            cfg.loop.trial_steps,
+            arm_seed(head.seed(cfg.run.seed), branch_role, k),
+            True,
+        )
+        racing = role in ("control", "candidate")  # only the race's arms are read at checkpoints
+        return ArmSpec(**{**s.__dict__, "checkpoints": marks if racing else (), "race": race})
+
+    return spec
+
+
+def _run(ctx: RunContext, rnd: int, specs: list[ArmSpec]) -> list[ArmResult]:
+    return ctx.executor.run(specs, started=lambda s: ctx.ledger.set_status(rnd, "trial", s.branch)) if specs else []
+
+
+def _finalist(
+    ctx: RunContext,
+    head: Mainline,
+    control: ArmResult,
+    raced: list[ArmResult],
+    k: int,
+    kept: set[str],
+    confirm_tokens: int,
+    note: str,
+) -> tuple[int | None, str]:
+    """The race's best, if it is worth a confirmation and the confirmation fits loop.max_trial_share (with
+    this round's other racers, which end discarded whatever the gate says, counted in)."""
+    stage1 = [None if c.stopped else Pair.of(c.outcomes, control.outcomes) for c in raced[:k]]
+    j, why = gate.finalist(stage1, bank_noise(head.noise, head.harness.version, []))
+    note = "; ".join(x for x in (note, why) if x)
+    if j is None:
+        return None, note
+    losers = sum(a.generated_tokens + a.eval_tokens for i, a in enumerate(raced, 1) if i != j)
+    if not _within_share(ctx, kept, confirm_tokens + losers, control.generated_tokens + control.eval_tokens):
+        return None, "; ".join(x for x in (note, "the confirmation would pass loop.max_trial_share") if x)
+    return j, note
+
+
+def _within_share(ctx: RunContext, kept: set[str], extra: int, kept_now: int) -> bool:
+    """Whether `extra` more discarded tokens keep the arms that end discarded within loop.max_trial_share of
+    the token budget; without a token cap, of the spend so far plus this round's (`kept_now`: the
+    control, which carries the mainline, and `extra`)."""
+    s = spend(ctx.ledger, kept)
+    total = ctx.cfg.budget.generated_tokens or (s.tokens + kept_now + extra)
+    return s.tokens_discarded + extra <= ctx.cfg.loop.max_trial_share * total

@@ -1,0 +1,127 @@
+"""Cheap decisions: arms race the control at checkpoints and a loser stops there (no weights kept); the
+share of steps and tokens in arms that end discarded is measured from the ledger and kept under
+loop.max_trial_share; a rollback retrains on other seeds."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from conftest import small_config
+from evotrainer.backtest.trial import ArmSpec, run_arm
+from evotrainer.diagnostics.suite import Suite
+from evotrainer.harness.harness import Harness
+from evotrainer.loop import run_loop
+from evotrainer.stages.context import split_heldout
+from evotrainer.stages.results import Mainline, read_stage
+from evotrainer.stages.spend import lineage, spend
+from evotrainer.store.ledger import Charge, Ledger
+from evotrainer.training.grpo import GRPOTrainer
+
+
+def test_a_racing_arm_stops_where_it_cannot_win_and_keeps_no_weights(tmp_path, math_setup):
+    cfg, domain, policy = math_setup
+    start = tmp_path / "start"
+    GRPOTrainer(policy.fork(tmp_path / "fork"), cfg.harness).save(start)
+    gate_ids, _ = split_heldout([t.id for t in domain.tasks("heldout")], 0.5, 0)
+
+    def arm(name: str, race: dict | None) -> object:
+        return run_arm(
+            ArmSpec(
+                branch=name,
+                role="candidate",
+                run_dir=str(tmp_path),
+                config=cfg.model_dump(mode="json"),
+                harness=cfg.harness.model_dump(mode="json"),
+                start=str(start),
+                seed=1,
+                first_step=1,
+                steps=3,
+                gate_ids=tuple(gate_ids),
+                checkpoints=(1, 2),
+                race=race,
+            )
+        )
+
+    # A control that passes every gate task at the first checkpoint: no candidate can be ahead of it.
+    lost = arm("lost", {"1": dict.fromkeys(gate_ids, True), "2": dict.fromkeys(gate_ids, True)})
+    assert lost.stopped.startswith("stopped at step 1 (1 of 3)") and lost.last_step == 1
+    assert lost.steps_trained == 1 and list(lost.checkpoint_outcomes) == ["1"]
+    assert not (tmp_path / "checkpoints" / "lost" / "model.safetensors").exists()  # a loser's weights are not kept
+    # Against a control that fails them all it is ahead whenever it solves one, and runs its length.
+    ran = arm("ran", {"1": dict.fromkeys(gate_ids, False), "2": dict.fromkeys(gate_ids, False)})
+    assert sum(ran.checkpoint_outcomes["1"].values()) > 0, "the fixture's policy solves some gate tasks"
+    assert not ran.stopped and ran.last_step == 3 and list(ran.checkpoint_outcomes) == ["1", "2"]
+    assert (tmp_path / "checkpoints" / "ran" / "model.safetensors").exists()
+    # The control itself (race None) is read at its checkpoints and never stops.
+    control = arm("control", None)
+    assert not control.stopped and list(control.checkpoint_outcomes) == ["1", "2"]
+
+
+def test_discarded_shares_are_the_branches_off_the_final_lineage(tmp_path):
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+
+    def row(bid: str, parent: str | None, first: int, last: int, kind: str = "candidate") -> dict:
+        return {
+            "id": bid,
+            "parent": parent,
+            "round": 1,
+            "kind": kind,
+            "checkpoint": "c",
+            "harness_version": "h",
+            "suite_version": "s",
+            "first_step": first,
+            "last_step": last,
+            "seed": 0,
+            "heldout_accuracy": None,
+        }
+
+    ledger.finish_stage(0, "start", {}, branches=[row("base", None, 0, 0, "base")])
+    ledger.finish_stage(
+        1, "train", {}, branches=[row("r01-seg", "base", 1, 10, "segment")], charges={"r01-seg": Charge(1000)}
+    )
+    arms = [
+        row("r01-ctl", "r01-seg", 11, 30, "control"),
+        row("r01-c1", "r01-seg", 11, 15),
+        row("r01-c2", "r01-seg", 11, 30),
+        row("r01-c2r", "r01-seg", 11, 30),
+        row("r01-ctlr", "r01-seg", 11, 30),
+    ]
+    ledger.finish_stage(
+        1, "trial", {}, branches=arms, charges={a["id"]: Charge(100 * (a["last_step"] - 10)) for a in arms}
+    )
+    kept = lineage(ledger, "r01-c2")  # the candidate won: the mainline continues from it
+    assert kept == {"base", "r01-seg", "r01-c2"}
+    s = spend(ledger, kept)
+    assert (s.steps, s.steps_discarded) == (10 + 20 + 5 + 20 + 20 + 20, 20 + 5 + 20 + 20)
+    assert s.tokens == 1000 + 2000 + 500 + 2000 * 3 and s.tokens_discarded == 2000 + 500 + 2000 * 2
+    assert 0 < s.step_share < 1 and s.to_dict()["discarded_step_share"] == round(s.step_share, 4)
+    ledger.close()
+
+
+def test_the_trial_share_cap_cuts_the_candidates_a_round_may_race(tmp_path, math_setup):
+    cfg = small_config(
+        tmp_path,
+        loop={
+            "segment_steps": 2,
+            "trial_steps": 2,
+            "candidates": 2,
+            "max_rounds": 1,
+            "skills_dir": str(tmp_path / "skills"),
+            "max_trial_share": 0.05,
+        },
+    )
+    summary = run_loop(cfg, Console(file=io.StringIO()))
+    ledger = Ledger(tmp_path / "runs" / "t" / "ledger.sqlite")
+    tried = read_stage(ledger, 1, "trial")
+    assert [a.role for a in tried.arms] == ["control"] and "within loop.max_trial_share" in tried.note
+    assert summary["discarded_step_share"] == 0.0 and summary["training_steps"] == 4
+    ledger.close()
+
+
+def test_a_rollback_trains_the_next_round_on_other_seeds():
+    head = Mainline(branch="r01-ctl", checkpoint="c", harness=Harness(), suite=Suite(detectors={}), step=20)
+    again = head.at(head.branch, head.checkpoint, head.step).model_copy(update={"attempt": head.attempt + 1})
+    assert again.seed(0) != head.seed(0) and head.seed(0) == 0
+    assert again.at("r02-ctl", "d", 40).attempt == 0  # moving on is a fresh start

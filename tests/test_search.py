@@ -1,0 +1,157 @@
+"""A search that does not run dry: every knob has a move, numeric knobs move in graded steps both ways,
+a rejection expires once the mainline has moved on, a standing finding always gets a proposal, and the
+findings' knobs (dead groups of solved prompts) reach the remedies practitioners use."""
+
+from __future__ import annotations
+
+from evotrainer.diagnostics.detector import Finding
+from evotrainer.harness.harness import Harness
+from evotrainer.harness.interventions import Hypothesis, Intervention
+from evotrainer.harness.knobs import registry
+from evotrainer.proposers.heuristic import HeuristicProposer
+from evotrainer.proposers.moves import moves
+from evotrainer.proposers.proposer import Brief, PastTrial, intervention_key, screen
+
+H = Harness(optimizer={"learning_rate": 1e-4})
+
+
+def finding(name: str, knobs: tuple[str, ...], severity: str = "warning") -> Finding:
+    return Finding(name=name, severity=severity, value=0.6, threshold=0.5, evidence=(), knobs=knobs, message=name)
+
+
+def brief(
+    findings: list[Finding],
+    history: list[PastTrial] = (),
+    h: Harness = H,
+    step: int = 50,
+    expiry: int = 60,
+    limit: int = 2,
+) -> Brief:
+    sig = tuple(sorted({f.name for f in findings if f.severity != "info"}))
+    return Brief(
+        run="r",
+        round=3,
+        domain="math",
+        harness=h,
+        findings=findings,
+        signature=sig,
+        history=list(history),
+        limit=limit,
+        explore=0.5,
+        step=step,
+        expiry=expiry,
+    )
+
+
+def rejected(target: str, value, sig: tuple[str, ...], h: Harness = H, step: int = 40) -> PastTrial:
+    iv = Intervention(
+        kind="set_knob",
+        target=target,
+        value=value,
+        hypothesis=Hypothesis(finding="explore", signal="x", direction="up"),
+    ).bind(h)
+    return PastTrial(1, iv, sig, "reject", ("no_supported_gain",), -0.01, harness=h.version, step=step)
+
+
+def test_every_knob_has_a_move():
+    stuck = [
+        k.path
+        for k in registry()
+        if not moves(H, k.path) and k.path not in ("reward_weights.*", "suite_version", "curriculum.levels")
+    ]
+    assert stuck == [], stuck
+    # curriculum.levels moves when the harness restricts them (without, the domain's levels are unknown
+    # here, and the findings that would name it name the easy / hard thresholds instead).
+    assert moves(Harness(curriculum={"levels": (0, 1, 2)}), "curriculum.levels") == [(1, 2), (0, 1)]
+
+
+def test_numeric_knobs_move_in_graded_steps_in_both_directions():
+    assert moves(H, "optimizer.learning_rate", up=True) == [1e-3, 3e-4, 3.33e-5, 1.5e-4, 6.67e-5, 1e-5]
+    assert moves(H, "optimizer.learning_rate", up=False)[:3] == [1e-5, 3.33e-5, 3e-4]
+    assert moves(H, "loss.entropy_coef") == [0.001, 0.01]  # from zero: first values worth trying
+    assert moves(H, "filters.dynamic_sampling") == [True] and moves(H, "loss.epsilon_high") == [0.28]
+    # Clipped to the knob's range, never a no-op.
+    top_p = moves(Harness(sampling={"top_p": 0.5}), "sampling.top_p")
+    assert top_p and all(0 < v <= 1.0 and v != 0.5 for v in top_p)
+
+
+def test_after_a_decade_is_rejected_the_next_rung_comes_up():
+    f = [finding("plateau", ("optimizer.learning_rate", "sampling.temperature", "loss.entropy_coef"))]
+    sig = ("plateau",)
+    first = HeuristicProposer().propose(brief(f, limit=1)).proposals[0].intervention
+    assert (first.target, first.value) == ("optimizer.learning_rate", 3e-4)  # the catalog's x3 for a plateau
+    past = [rejected("optimizer.learning_rate", 3e-4, sig)]
+    again = HeuristicProposer().propose(brief(f, past, limit=1)).proposals[0].intervention
+    assert (again.target, again.value) != ("optimizer.learning_rate", 3e-4)
+    # With every learning-rate move above it rejected, it goes down, then to the finding's other knobs.
+    past += [rejected("optimizer.learning_rate", v, sig) for v in (1e-3, 1.5e-4)]
+    keys = {intervention_key(p.intervention) for p in HeuristicProposer().propose(brief(f, past, limit=3)).proposals}
+    assert not keys & {intervention_key(t.intervention) for t in past}
+
+
+def test_a_rejection_expires_once_the_mainline_has_moved_on():
+    sig = ("plateau",)
+    past = [rejected("sampling.temperature", 1.3, sig, step=40)]
+    iv = Intervention(
+        kind="set_knob",
+        target="sampling.temperature",
+        value=1.3,
+        hypothesis=Hypothesis(finding="plateau", signal="x", direction="up"),
+    )
+    from evotrainer.proposers.proposer import Proposal
+
+    def kept(b: Brief) -> bool:
+        return bool(screen([Proposal(iv, "catalog")], b)[0])
+
+    f = [finding("plateau", ("sampling.temperature",))]
+    assert not kept(brief(f, past, step=50, expiry=60))  # 10 steps later, same harness: still blocked
+    assert kept(brief(f, past, step=101, expiry=60))  # 61 steps later: the policy has moved on
+    assert not kept(brief(f, past, step=500, expiry=0))  # expiry 0: only a promotion lifts it ...
+    promoted = H.model_copy(update={"loss": H.loss.model_copy(update={"entropy_coef": 0.001}), "parent": H.version})
+    assert kept(brief(f, past, h=promoted, step=51))  # ... and a promotion does
+    assert kept(brief([finding("truncation", ("sampling.temperature",))], past, step=50))  # another signature
+
+
+def test_a_standing_finding_always_gets_a_proposal():
+    """Even when every catalog remedy and every exploration move of the first rungs was rejected, the
+    finding's knobs still move."""
+    f = [
+        finding(
+            "zero_variance_groups",
+            (
+                "filters.dynamic_sampling",
+                "curriculum.easy_threshold",
+                "sampling.temperature",
+                "sampling.num_generations",
+                "filters.zero_std_threshold",
+            ),
+        )
+    ]
+    sig = ("zero_variance_groups",)
+    past: list[PastTrial] = []
+    for _ in range(12):
+        out = HeuristicProposer().propose(brief(f, past, limit=2)).proposals
+        assert out, f"nothing proposed after {len(past)} rejections"
+        past += [PastTrial(1, p.intervention, sig, "reject", (), 0.0, harness=H.version, step=40) for p in out]
+    assert len({intervention_key(t.intervention) for t in past}) == len(past)  # never the same move twice
+
+
+def test_dead_groups_of_solved_prompts_call_for_dynamic_sampling_and_skipping_them():
+    f = [
+        finding(
+            "zero_variance_groups",
+            (
+                "filters.dynamic_sampling",
+                "curriculum.easy_threshold",
+                "sampling.temperature",
+                "sampling.num_generations",
+                "filters.zero_std_threshold",
+            ),
+        )
+    ]
+    out = HeuristicProposer().propose(brief(f, limit=2, h=Harness())).proposals
+    assert [(p.intervention.target, p.intervention.value) for p in out][:1] == [("filters.dynamic_sampling", True)]
+    assert ("curriculum.easy_threshold", 1.0) in [
+        (p.intervention.target, p.intervention.value)
+        for p in HeuristicProposer().propose(brief(f, limit=4, h=Harness())).proposals
+    ]

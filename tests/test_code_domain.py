@@ -241,9 +241,11 @@ def test_execution_results_land_on_stored_rollouts(tmp_path):
         store,
         audit_fraction=1.0,
     )
-    assert "rewards/correct/mean" in m and m["audit/pass_rate"] >= 0.0
     rows = store.query()
     assert len(rows) == 16
+    # Every rollout was audited (audit_fraction 1.0): the step's audit pass rate is the rows' own.
+    assert m["audit/pass_rate"] == pytest.approx(sum(bool(r["audit"]) for r in rows) / 16)
+    assert m["rewards/correct/mean"] == pytest.approx(sum(r["rewards"]["correct"] for r in rows) / 16)
     for r in rows:
         info = r["info"]
         assert {"exec", "visible_passed", "visible_total", "error", "stderr", "hardcoded", "format"} <= set(info)

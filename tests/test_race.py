@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 
+import pytest
 from rich.console import Console
 
 from conftest import small_config
@@ -125,3 +126,73 @@ def test_a_rollback_trains_the_next_round_on_other_seeds():
     again = head.at(head.branch, head.checkpoint, head.step).model_copy(update={"attempt": head.attempt + 1})
     assert again.seed(0) != head.seed(0) and head.seed(0) == 0
     assert again.at("r02-ctl", "d", 40).attempt == 0  # moving on is a fresh start
+
+
+def test_a_finalist_is_confirmed_beside_a_control_replicate_and_promoted(tmp_path, math_setup):
+    """The whole trial and gate, through the loop's own stages: a control whose learning rate wrecks the
+    policy (1.0) against a candidate that trains sanely (3e-3). The candidate wins the race by a wide
+    margin, is trained again on fresh seeds beside a control replicate (which is the A-A pair the noise
+    model needs), and the two-stage test promotes it with the confirmation's effect on record."""
+    from evotrainer.backtest.statistics import Pair
+    from evotrainer.backtest.trial import ArmResult
+    from evotrainer.harness.interventions import Hypothesis, Intervention
+    from evotrainer.proposers.proposer import Proposal
+    from evotrainer.stages import decide, start
+    from evotrainer.stages import race as race_stage
+    from evotrainer.stages.context import run_stage
+    from evotrainer.stages.noise import with_pairs
+    from evotrainer.stages.results import GateResult, StartResult, TrialResult
+
+    cfg = small_config(
+        tmp_path,
+        harness={"sampling": {"num_generations": 8, "prompts_per_step": 16, "max_completion_length": 8}}
+        | {"optimizer": {"learning_rate": 1.0}, "reward_weights": {"correct": 1.0}},
+        eval={"heldout_size": 100, "audit_fraction": 0.0},
+        # No training rollout is audited: the tiny base's reward and audit disagree on a tenth of the paid
+        # answers, which the validity rules (tested in test_gate.py) would weigh against a wrecked control.
+        loop={"trial_steps": 4, "race_checkpoints": 1, "candidates": 1, "max_trial_share": 1.0, "max_rounds": 1},
+    )
+    ctx = start.open_run(cfg, resume=False)
+    head = run_stage(ctx, 0, "start", StartResult, lambda: start.start(ctx, lambda *_: None)).head
+    # A wrecked control solves nothing on either seed, so its replicate has no discordant task and says
+    # nothing about noise: the bank carries an A-A pair from an earlier round under the same harness.
+    earlier = with_pairs(None, head.harness.version, 0, [(Pair(3, 2, 30), "r00-aa", "r00-ctl")])
+    head = head.model_copy(update={"noise": earlier})
+    seg = ArmResult(
+        branch="base",
+        role="segment",
+        checkpoint=head.checkpoint,
+        harness_version=head.harness.version,
+        first_step=0,
+        last_step=0,
+        generated_tokens=1,
+        trained_tokens=0,
+        seconds=0.0,
+    )
+    sane = Intervention(
+        kind="set_knob",
+        target="optimizer.learning_rate",
+        value=3e-3,
+        hypothesis=Hypothesis(finding="explore", signal="heldout/accuracy", direction="up"),
+    )
+    survivors = [(Proposal(sane.bind(head.harness), "explore"), None)]
+    tried = run_stage(ctx, 1, "trial", TrialResult, lambda: race_stage.trial(ctx, 1, head, seg, survivors, []))
+    assert tried.finalist == 1
+    roles = {a.role: a for a in tried.arms}
+    assert set(roles) == {"control", "candidate", "replicate", "control_replicate"}
+    assert len({a.branch for a in tried.arms}) == 4
+    # The replicate trains the candidate's harness again, the control replicate the control's.
+    assert roles["replicate"].harness_version == roles["candidate"].harness_version != head.harness.version
+    assert roles["control_replicate"].harness_version == head.harness.version
+    gated = run_stage(
+        ctx, 1, "gate", GateResult, lambda: decide.gate_stage(ctx, 1, head, head.suite, tried, survivors, [])
+    )
+    [line] = gated.verdicts
+    assert line.decision == "promote", line.reasons
+    [v] = ctx.ledger.verdicts()
+    s = v["statistic"]
+    assert s["test"] == "two_stage" and s["delta"] == s["stage2"]["delta"] == line.delta > 0
+    assert s["delta"] == pytest.approx(roles["replicate"].accuracy - roles["control_replicate"].accuracy)
+    assert s["selected_delta"] == pytest.approx(roles["candidate"].accuracy - roles["control"].accuracy)
+    assert v["noise"]["valid"] and v["noise"]["pairs_used"] >= 1
+    ctx.ledger.close()

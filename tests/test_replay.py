@@ -48,10 +48,21 @@ def test_replay_matches_training_and_reports(run):
     flagged = ~np.isnan(cols.audit) & (cols.audit == 0) & (cols.reward > 0)
     rep = replay(cfg.harness, iv, cols, flagged)
     assert rep.rollouts == len(cols) and rep.groups == 64 and rep.audited == int((~np.isnan(cols.audit)).sum())
-    assert 0 <= rep.frac_advantage_sign_flipped <= 1 and rep.recorded_reward_mismatch < 1e-9
+    assert rep.recorded_reward_mismatch < 1e-9
+    # Sign flips, computed independently: an advantage's sign is its total's side of the group mean.
+    old_total = sum(w * cols.terms[k] for k, w in cfg.harness.reward_weights.items())
+    new_total = 1.0 * cols.terms["correct"] + 2.0 * cols.terms["format"]
+
+    def side(total):
+        means = np.array([total[cols.group == g].mean() for g in range(64)])
+        d = total - means[cols.group]
+        return np.where(np.abs(d) < 1e-9, 0, np.sign(d))
+
+    sa, sb = side(old_total), side(new_total)
+    moved = (sa != 0) | (sb != 0)
+    assert rep.frac_advantage_sign_flipped == pytest.approx((sa[moved] != sb[moved]).mean(), abs=1e-9)
     # Checked against an independent computation: AUC of the new total for the audit outcome.
     audited = ~np.isnan(cols.audit)
-    new_total = 1.0 * cols.terms["correct"] + 2.0 * cols.terms["format"]
     assert rep.reward_audit_auc_after == pytest.approx(auc(new_total[audited], cols.audit[audited]))
     assert rep.flagged == int(flagged.sum())
 

@@ -63,10 +63,8 @@ def trial(
     spec = _specs(ctx, rnd, head, start, first, marks)
     specs = [spec("control", "control", head.harness)]
     [control] = _run(ctx, rnd, specs)
-    race = [
-        spec("candidate", "candidate", p.intervention.apply(head.harness), j, control.checkpoint_outcomes)
-        for j, (p, _) in enumerate(survivors[:k], 1)
-    ]
+    harnesses = [p.intervention.apply(head.harness) for p, _ in survivors[:k]]
+    race = [spec("candidate", "candidate", h, j, control.checkpoint_outcomes) for j, h in enumerate(harnesses, 1)]
     specs += race + ([spec("aa", "aa", head.harness)] if aa_due else [])
     raced = _run(ctx, rnd, specs[1:])
     arms = [control, *raced]
@@ -75,7 +73,7 @@ def trial(
         j, note = _finalist(ctx, head, control, raced, k, kept, per_step * steps * 3, note)
     if j is not None:
         confirm = [
-            spec("replicate", "replicate", race[j - 1].harness, j),
+            spec("replicate", "replicate", harnesses[j - 1], j),
             spec("control_replicate", "control_replicate", head.harness),
         ]
         specs += confirm

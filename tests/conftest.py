@@ -10,13 +10,16 @@ import torch
 
 from evotrainer.config import RunConfig, parse_config
 
-torch.set_num_threads(2)
+# Trajectory-dependent tests must hold on any machine, seed and thread count: benchmarks/robustness.py runs
+# them under several of each through these two variables (the defaults are what CI runs).
+SEED = int(os.environ.get("EVOTRAINER_TEST_SEED", "0"))
+torch.set_num_threads(int(os.environ.get("EVOTRAINER_TEST_THREADS", "2")))
 
 
 def small_config(tmp: Path, domain: str = "math", **sections) -> RunConfig:
     """A config sized for tests: a 2-layer model, one-digit sums, a small held-out set."""
     raw = {
-        "run": {"name": "t", "out_dir": str(tmp / "runs"), "seed": 0},
+        "run": {"name": "t", "out_dir": str(tmp / "runs"), "seed": SEED},
         "policy": {
             "kind": "tiny",
             "cache_dir": os.environ["EVOTRAINER_TEST_CACHE"],

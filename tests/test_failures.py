@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
+from conftest import SEED
 from evotrainer.config import RunConfig, load_config
 from evotrainer.diagnostics.detector import Finding
 from evotrainer.diagnostics.suite import BUILTIN, Suite
@@ -131,6 +132,8 @@ SCENARIOS: dict[str, Scenario] = {
 
 
 def scenario_config(name: str, **overrides: Any) -> RunConfig:
+    if SEED:  # benchmarks/robustness.py: the same scenario on other seeds
+        overrides.setdefault("run.seed", SEED)
     return load_config(FAILURES / f"{name}.yaml", overrides)
 
 

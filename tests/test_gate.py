@@ -4,7 +4,7 @@ the invalid-branch rules in test_gate_rules.py."""
 
 from __future__ import annotations
 
-from conftest import small_config
+from conftest import SEED, small_config
 from evotrainer.backtest import gate
 from evotrainer.backtest.trial import ArmSpec, run_arm
 from evotrainer.diagnostics.suite import Suite
@@ -54,7 +54,7 @@ def test_planted_loophole_branch_is_rejected_by_the_gate(tmp_path, math_setup):
                 config=cfg.model_dump(mode="json"),
                 harness=harness.model_dump(mode="json"),
                 start=str(start),
-                seed=0,
+                seed=SEED,
                 first_step=1,
                 steps=40,
                 gate_ids=tuple(gate_ids),

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from evotrainer.store.rollouts import RolloutStore
 from evotrainer.training.run import train_run
-from tests.conftest import small_config
+from tests.conftest import SEED, small_config
 
 QUIET = Console(file=open("/dev/null", "w"))
 
@@ -23,11 +23,11 @@ def _rollouts(run_dir):
 def test_same_config_same_rollouts(tmp_path, math_setup):
     runs = []
     for name in ("a", "b"):
-        cfg = small_config(tmp_path, run={"name": name, "out_dir": str(tmp_path), "seed": 0}, train={"steps": 3})
+        cfg = small_config(tmp_path, run={"name": name, "out_dir": str(tmp_path), "seed": SEED}, train={"steps": 3})
         train_run(cfg, QUIET)
         runs.append(_rollouts(tmp_path / name))
     assert runs[0] == runs[1] and len(runs[0]) == 3 * 16 * 8
-    cfg = small_config(tmp_path, run={"name": "c", "out_dir": str(tmp_path), "seed": 1}, train={"steps": 1})
+    cfg = small_config(tmp_path, run={"name": "c", "out_dir": str(tmp_path), "seed": SEED + 1}, train={"steps": 1})
     train_run(cfg, QUIET)
     assert _rollouts(tmp_path / "c")[0][2] != runs[0][0][2] or _rollouts(tmp_path / "c")[0][1] != runs[0][0][1]
 

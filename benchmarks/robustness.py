@@ -1,0 +1,100 @@
+"""Do the trajectory-dependent tests hold on other seeds and thread counts?
+
+Floating-point results differ across CPUs and thread counts, so a test that passes on one machine at one
+seed can fail on another (three did, on an AMD EPYC). This runs the tests whose outcome depends on a
+training trajectory (the failure scenarios, the planted loophole, the induced detector, the RL runs that
+must improve) once per (seed, threads) cell, through tests/conftest.py's EVOTRAINER_TEST_SEED and
+EVOTRAINER_TEST_THREADS, and records each test's outcome per cell. A cell is resumable: its JUnit file
+is kept and a finished cell is not run again, so the grid can be run over several sittings:
+
+    .venv/bin/python benchmarks/robustness.py [--seeds 0 1 2] [--threads 1 2] [--tests tests/test_failures.py ...]
+
+Writes benchmarks/results/robustness.json: per cell, the tests run and the ones that failed, and per test,
+the cells it failed in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+TRAJECTORY_TESTS = [
+    "tests/test_failures.py",
+    "tests/test_gate.py",
+    "tests/test_revision.py::test_induction_finds_the_planted_exploit",
+    "tests/test_training.py",
+    "tests/test_race.py",
+]
+
+
+def run_cell(seed: int, threads: int, tests: list[str], work: Path) -> dict:
+    xml = work / f"seed{seed}-threads{threads}.xml"
+    if not xml.exists():
+        env = {**os.environ, "EVOTRAINER_TEST_SEED": str(seed), "EVOTRAINER_TEST_THREADS": str(threads)}
+        t0 = time.perf_counter()
+        tmp = xml.with_suffix(".tmp.xml")
+        subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={tmp}", *tests],
+            cwd=ROOT.parent,
+            env=env,
+            check=False,
+        )
+        tmp.rename(xml)  # only a finished cell counts as done
+        print(f"seed {seed}, threads {threads}: {time.perf_counter() - t0:.0f} s", flush=True)
+    cases = ET.parse(xml).getroot().iter("testcase")
+    outcome = {}
+    for c in cases:
+        name = f"{c.get('classname')}::{c.get('name')}"
+        bad = c.find("failure") is not None or c.find("error") is not None
+        outcome[name] = "skipped" if c.find("skipped") is not None else "failed" if bad else "passed"
+    return {"seed": seed, "threads": threads, "outcomes": outcome}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--tests", nargs="+", default=TRAJECTORY_TESTS)
+    ap.add_argument("--work", default="/tmp/evotrainer-robustness")
+    ap.add_argument("--out", default=str(ROOT / "results" / "robustness.json"))
+    args = ap.parse_args()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    cells = [run_cell(s, t, args.tests, work) for s in args.seeds for t in args.threads]
+    failed_in: dict[str, list[str]] = {}
+    for c in cells:
+        for name, o in c["outcomes"].items():
+            failed_in.setdefault(name, [])
+            if o == "failed":
+                failed_in[name].append(f"seed {c['seed']}, threads {c['threads']}")
+    out = {
+        "command": "python benchmarks/robustness.py " + " ".join(sys.argv[1:]),
+        "cells": [
+            {
+                "seed": c["seed"],
+                "threads": c["threads"],
+                "tests": len(c["outcomes"]),
+                "failed": sorted(n for n, o in c["outcomes"].items() if o == "failed"),
+            }
+            for c in cells
+        ],
+        "failed_in": {n: cs for n, cs in sorted(failed_in.items()) if cs},
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    total = sum(len(c["outcomes"]) for c in cells)
+    bad = sum(len(v) for v in out["failed_in"].values())
+    print(f"{len(cells)} cells, {total} test runs, {bad} failed")
+    for name, where in out["failed_in"].items():
+        print(f"  {name}: {'; '.join(where)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -6,10 +6,21 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from evotrainer.envs.code.config import CodeConfig
+from evotrainer.envs.config import ImportedConfig
 from evotrainer.envs.digits.config import DigitsConfig
+from evotrainer.envs.local.config import LocalConfig
 from evotrainer.envs.math.config import MathConfig
 from evotrainer.envs.swe.config import SweConfig
 from evotrainer.errors import ConfigError
@@ -29,6 +40,18 @@ class RunSection(_Section):
     """Seeds tasks, sampling and initialisation: same config and seed give the same rollouts."""
     threads: int = Field(2, ge=1, le=256)
     """torch CPU threads; fixed so that results are reproducible on the same machine."""
+    report_to: list[Literal["tensorboard", "mlflow", "wandb", "trackio"]] = []
+    """Experiment trackers that receive the step metrics (under TRL's names), one run or series per arm
+    tagged with its branch, parent, round and harness version, verdicts and findings as events, and
+    report.html at the end. Each needs its package (`pip install evotrainer[mlflow]`); none by default."""
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _one_or_none(cls, v: Any) -> Any:
+        """TRL's spellings: one name for a list of one; `none` for no tracker."""
+        if isinstance(v, str):
+            return [] if v == "none" else [v]
+        return v
 
 
 class TinyModel(_Section):
@@ -77,12 +100,15 @@ BUILTIN_DOMAINS: dict[str, type[BaseModel]] = {
     "digits": DigitsConfig,
     "code": CodeConfig,
     "swe": SweConfig,
+    "local": LocalConfig,
 }
 
 
 def _domain_of(raw: Any) -> str:
     """The union's tag: the `domain` field (math when absent, the default domain)."""
     tag = (raw.get("domain", "math") if isinstance(raw, dict) else getattr(raw, "domain", "math")) or "math"
+    if isinstance(tag, str) and ":" in tag:
+        return "import"  # a user's domain class, `module:Class`
     # A list or mapping is no tag: as a string it matches no domain and fails as "env.domain" like any typo.
     return tag if isinstance(tag, str) else str(tag)
 
@@ -93,9 +119,13 @@ EnvConfig = Annotated[
     Annotated[MathConfig, Tag("math")]
     | Annotated[DigitsConfig, Tag("digits")]
     | Annotated[CodeConfig, Tag("code")]
-    | Annotated[SweConfig, Tag("swe")],
+    | Annotated[SweConfig, Tag("swe")]
+    | Annotated[LocalConfig, Tag("local")]
+    | Annotated[ImportedConfig, Tag("import")],
     Discriminator(
-        _domain_of, custom_error_type="env.domain", custom_error_message=f"must be one of {sorted(BUILTIN_DOMAINS)}"
+        _domain_of,
+        custom_error_type="env.domain",
+        custom_error_message=f"must be one of {sorted(BUILTIN_DOMAINS)} or a domain class as 'module:Class'",
     ),
 ]
 
@@ -313,7 +343,7 @@ def format_validation_error(e: ValidationError, source: str) -> str:
     lines = [f"{source}: {e.error_count()} invalid field(s)"]
     for err in e.errors():
         loc = list(err["loc"])
-        if len(loc) > 1 and loc[0] == "env" and loc[1] in BUILTIN_DOMAINS:
+        if len(loc) > 1 and loc[0] == "env" and (loc[1] in BUILTIN_DOMAINS or loc[1] == "import"):
             loc.pop(1)  # the union's tag: the user wrote env.FIELD, not env.DOMAIN.FIELD
         value = err.get("input")
         if err["type"] == "env.domain":

@@ -75,21 +75,29 @@ def check_env(domain: Domain, n: int = 8, seed: int = 0) -> None:
         demo = domain.demonstration(task, random.Random(seed))
         if demo != domain.demonstration(task, random.Random(seed)):
             raise EnvCheckError(f"{domain.name}: demonstration of {task.id} is not deterministic for a seed")
-        env = domain.make_env()
-        first = env.reset(task)
+        first, turns, info = replay(domain, task, demo)
         if not demo or demo[0] != (first, False):
             raise EnvCheckError(f"{domain.name}: a demonstration must start with the env's first observation")
-        turns, info, done = [], {}, False
-        for text, is_action in demo[1:]:
-            if not is_action:
-                continue
-            obs, done, info = env.step(text)
-            turns.append(
-                Turn(action=text, tokens=0, mean_logprob=0.0, observation=obs, tool_error=bool(info.get("tool_error")))
-            )
-            if done:
-                break
         for name, fn in domain.reward_terms.items():
             value = fn(task, turns, info)
             if not isinstance(value, float):
                 raise EnvCheckError(f"{domain.name}: reward term {name} returned {type(value).__name__}, not float")
+
+
+def replay(domain: Domain, task: Task, demo: Demonstration) -> tuple[str, list[Turn], dict[str, Any]]:
+    """A demonstration's actions played through a fresh env: (first observation, turns, final info), the
+    shape of a real rollout, on which reward terms can be called before any policy exists."""
+    env = domain.make_env()
+    first = env.reset(task)
+    turns: list[Turn] = []
+    info: dict[str, Any] = {}
+    for text, is_action in demo[1:]:
+        if not is_action:
+            continue
+        obs, done, info = env.step(text)
+        turns.append(
+            Turn(action=text, tokens=0, mean_logprob=0.0, observation=obs, tool_error=bool(info.get("tool_error")))
+        )
+        if done:
+            break
+    return first, turns, info

@@ -7,8 +7,13 @@ import importlib
 from typing import Any
 
 from evotrainer.config import RunConfig
-from evotrainer.envs.env import Domain
+from evotrainer.envs.config import ImportedConfig
+from evotrainer.envs.env import Domain, EnvCheckError, check_env
+from evotrainer.envs.reward_functions import add_reward_functions
 from evotrainer.errors import ConfigError
+
+# What the loop reads of a domain beyond its methods (the Domain protocol's attributes).
+DOMAIN_ATTRIBUTES = ("name", "stop", "reward_terms", "evaluator_settings", "evaluator_packages", "demo_recipe")
 
 
 def load_factory(path: str) -> Any:
@@ -18,18 +23,39 @@ def load_factory(path: str) -> Any:
 
 
 def make_domain(cfg: RunConfig) -> Domain:
-    """The configured domain; a setting the domain cannot honour is a ConfigError naming the field."""
+    """The configured domain with its `env.reward_functions` added (each checked on demonstrations); a
+    setting the domain cannot honour is a ConfigError naming the field."""
+    imported = isinstance(cfg.env, ImportedConfig)
     try:
-        return load_factory(cfg.env.factory).from_config(
-            cfg.env, seed=cfg.run.seed, heldout_size=cfg.eval.heldout_size
-        )
+        factory = load_factory(cfg.env.factory)
+    except (ImportError, AttributeError) as err:  # only a user's path can fail: ours are fixed
+        raise ConfigError(f"env.domain = {cfg.env.factory!r}: cannot import it ({err})") from None
+    try:
+        domain = factory.from_config(cfg.env, seed=cfg.run.seed, heldout_size=cfg.eval.heldout_size)
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    if imported:
+        check_imported(domain, cfg.env.factory)
+    add_reward_functions(domain, cfg.env.reward_functions)
+    return domain
+
+
+def check_imported(domain: Domain, path: str) -> None:
+    """A user's domain meets the contract (envs/env.py Domain) and passes check_env, or the run stops
+    here naming env.domain."""
+    missing = [a for a in DOMAIN_ATTRIBUTES if not hasattr(domain, a)]
+    if missing:
+        raise ConfigError(f"env.domain = {path!r}: the domain lacks {missing} (see evotrainer/envs/env.py Domain)")
+    try:
+        check_env(domain)
+    except EnvCheckError as err:
+        raise ConfigError(f"env.domain = {path!r}: check_env failed: {err}") from None
 
 
 def warm_start_key(cfg: RunConfig, domain: Domain) -> dict[str, Any]:
     """What a warm-started base depends on: the env settings that change the demonstrations (each
     domain's config says which do not), the held-out size (held-out tasks are drawn first), and the
-    domain's demonstration recipe, which lives in code."""
-    env = cfg.env.model_dump(mode="json", exclude=set(type(cfg.env).demo_neutral))
+    domain's demonstration recipe, which lives in code. Reward functions never change a demonstration:
+    adding one reuses the base."""
+    env = cfg.env.model_dump(mode="json", exclude=set(type(cfg.env).demo_neutral) | {"reward_functions"})
     return {"env": env, "heldout_size": cfg.eval.heldout_size, "demos": dict(domain.demo_recipe)}

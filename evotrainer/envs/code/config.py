@@ -5,13 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from evotrainer.envs.config import DomainConfig
 
 
-class CodeConfig(BaseModel):
+class CodeConfig(DomainConfig):
     """Write a Python function from its description and examples; model code runs in the sandbox."""
 
-    model_config = ConfigDict(extra="forbid")
     factory: ClassVar[str] = "evotrainer.envs.code.domain:CodeDomain"
     demo_neutral: ClassVar[frozenset[str]] = frozenset()
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from evotrainer.envs.config import DomainConfig
 
 
-class DigitsConfig(BaseModel):
+class DigitsConfig(DomainConfig):
     """A multi-turn tool test env: the policy asks for a hidden number's digits one call at a time, then answers."""
 
-    model_config = ConfigDict(extra="forbid")
     factory: ClassVar[str] = "evotrainer.envs.digits.domain:DigitsDomain"
     demo_neutral: ClassVar[frozenset[str]] = frozenset({"infra_error_rate"})
 

@@ -6,6 +6,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from evotrainer.envs.config import DomainConfig
+
 
 class MathDataset(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -22,10 +24,9 @@ class MathDataset(BaseModel):
     """Keyword arguments of reasoning_gym.create_dataset (difficulty settings)."""
 
 
-class MathConfig(BaseModel):
+class MathConfig(DomainConfig):
     """reasoning-gym arithmetic and friends, single turn: the first action is the answer."""
 
-    model_config = ConfigDict(extra="forbid")
     factory: ClassVar[str] = "evotrainer.envs.math.domain:MathDomain"
     demo_neutral: ClassVar[frozenset[str]] = frozenset({"scorer"})
 

@@ -119,7 +119,7 @@ class MathDomain:
         if answer is None:
             return 0.0
         if self.scorer == "math_verify":
-            return _math_verify(task.data["answer"], answer)
+            return math_verify_score(task.data["answer"], answer)
         try:  # reasoning-gym scorers raise on some garbage (prime_factorization); garbage scores 0
             return float(self._datasets[task.data["dataset"]].score_answer(answer=answer, entry=task.data["entry"]))
         except Exception:
@@ -172,7 +172,8 @@ def format_reward(task: Task, turns: list[Turn], info: dict[str, Any]) -> float:
     return 1.0 if len(ANSWER_RE.findall(text)) == 1 and text.endswith("</answer>") else 0.0
 
 
-def _math_verify(gold: str, answer: str) -> float:
+def math_verify_score(gold: str, answer: str) -> float:
+    """1.0 when math-verify finds the answer equivalent to the gold one (shared with the local domain)."""
     # math-verify uses signal.alarm for timeouts, which raises off the main thread; off it, run without.
     import threading
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from evotrainer.envs.config import DomainConfig
 
 
-class SweConfig(BaseModel):
+class SweConfig(DomainConfig):
     """Fix a seeded bug in a generated mini-repository with ls / cat / grep / replace / test / submit."""
 
-    model_config = ConfigDict(extra="forbid")
     factory: ClassVar[str] = "evotrainer.envs.swe.domain:SweDomain"
     demo_neutral: ClassVar[frozenset[str]] = frozenset()
 

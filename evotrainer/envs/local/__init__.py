@@ -1,0 +1,2 @@
+"""The local dataset domain: prompts and answers from a file of the user's (config.py: its settings;
+domain.py: loading, splits, env, reward terms and the audit)."""

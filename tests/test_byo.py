@@ -1,0 +1,237 @@
+"""Bring your own: reward functions by import path (TRL and verl signatures), domains by import path, and
+the local dataset domain, each run for real or stopped at start-up before anything is written."""
+
+from __future__ import annotations
+
+import json
+import random
+import textwrap
+
+import pytest
+from rich.console import Console
+
+from evotrainer.config import parse_config
+from evotrainer.envs.env import check_env
+from evotrainer.envs.registry import make_domain, warm_start_key
+from evotrainer.errors import ConfigError
+from evotrainer.store.rollouts import RolloutStore
+from evotrainer.training.run import train_run
+from tests.conftest import small_config
+
+QUIET = Console(file=open("/dev/null", "w"))
+
+# The user's code, written to a module of its own so that it is reached by import path as a user's would be.
+USER_MODULE = '''
+from evotrainer.envs.local.domain import LocalDomain
+
+
+def lenient(prompts, completions, answer, **kwargs):
+    """TRL's signature: one value per completion; None where the term does not apply."""
+    return [None if "<answer>" not in c else len(c) + (0.5 if a in c else 0.0) for c, a in zip(completions, answer)]
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    """verl's signature; a dict's "score" is the reward."""
+    return {"score": 1.0 if data_source == "math" and ground_truth in solution_str else 0.25, "acc": True}
+
+
+def two_values(prompts, completions, **kwargs):
+    return [1.0, 2.0]
+
+
+def not_a_number(completions, **kwargs):
+    return [float("nan") for _ in completions]
+
+
+def no_completions(text):
+    return 1.0
+
+
+class Sums(LocalDomain):
+    """A user's domain: two-term sums, with a field of its own (env.terms_max)."""
+
+    @classmethod
+    def from_config(cls, env, *, seed, heldout_size):
+        rows = [{"prompt": f"{a} + {b} =", "answer": str(a + b)} for a in range(env.terms_max) for b in range(10)]
+        return cls(rows, prompt_column="prompt", answer_column="answer", scorer="exact", seed=seed,
+                   train_size=1000, heldout_size=heldout_size)
+
+
+class Broken:
+    @classmethod
+    def from_config(cls, env, *, seed, heldout_size):
+        return cls()
+'''
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    (tmp_path / "user_rewards.py").write_text(textwrap.dedent(USER_MODULE))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "user_rewards"
+
+
+def _rows(tmp_path):
+    return RolloutStore(tmp_path / "runs" / "t" / "store").query()
+
+
+def test_trl_reward_function_is_stored_on_every_rollout(tmp_path, math_setup, user_module):
+    cfg = small_config(
+        tmp_path,
+        env={"reward_functions": {"lenient": f"{user_module}:lenient"}},
+        harness={"reward_weights": {"correct": 1.0, "lenient": 0.01}},
+        train={"steps": 2},
+    )
+    domain = make_domain(cfg)
+    # Adding a term leaves the warm-start key alone: the session's cached base is reused.
+    assert warm_start_key(cfg, domain) == warm_start_key(math_setup[0], math_setup[1])
+    train_run(cfg, QUIET)
+    answers = {t.id: t.data["answer"] for split in ("train", "heldout") for t in domain.tasks(split)}
+    rows = _rows(tmp_path)
+    assert {r["split"] for r in rows} == {"train", "heldout"}
+    for r in rows:
+        c = r["turns"][0]["action"]
+        # TRL's None (no answer tag) is stored as 0.0: it adds nothing to the total, as in TRL.
+        expected = 0.0 if "<answer>" not in c else len(c) + (0.5 if answers[r["task_id"]] in c else 0.0)
+        assert r["rewards"]["lenient"] == expected, c
+    # The harness weights it like a built-in term (no shaping is configured).
+    train = [r for r in rows if r["split"] == "train" and r["termination"] != "tool_error"]
+    for r in train:
+        assert r["reward"] == pytest.approx(r["rewards"]["correct"] + 0.01 * r["rewards"]["lenient"])
+
+
+def test_verl_compute_score_is_stored_on_every_rollout(tmp_path, math_setup, user_module):
+    cfg = small_config(
+        tmp_path, env={"reward_functions": {"verl": f"{user_module}:compute_score"}}, train={"steps": 2}
+    )
+    domain = make_domain(cfg)
+    train_run(cfg, QUIET)
+    answers = {t.id: t.data["answer"] for split in ("train", "heldout") for t in domain.tasks(split)}
+    rows = _rows(tmp_path)
+    assert rows
+    for r in rows:
+        hit = answers[r["task_id"]] in r["turns"][0]["action"]
+        assert r["rewards"]["verl"] == (1.0 if hit else 0.25)
+
+
+@pytest.mark.parametrize(
+    ("path", "says"),
+    [
+        ("no_such_module:fn", "cannot import"),
+        ("{m}:missing", "has no attribute"),
+        ("{m}:two_values", "a list of 2"),
+        ("{m}:not_a_number", "nan"),
+        ("{m}:no_completions", "neither a TRL"),
+        ("not a path", "module:function"),
+    ],
+)
+def test_reward_function_mistakes_stop_before_anything_is_written(tmp_path, user_module, path, says):
+    cfg = small_config(tmp_path, env={"reward_functions": {"mine": path.format(m=user_module)}})
+    with pytest.raises(ConfigError) as err:
+        train_run(cfg, QUIET)
+    assert "env.reward_functions.mine" in str(err.value) and says in str(err.value)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_reward_function_may_not_shadow_a_builtin_term(tmp_path, user_module):
+    cfg = small_config(tmp_path, env={"reward_functions": {"correct": f"{user_module}:lenient"}})
+    with pytest.raises(ConfigError, match=r"env\.reward_functions\.correct"):
+        make_domain(cfg)
+
+
+def write_sums(path, n=300, seed=0):
+    """n distinct one-digit sums of two or three terms, as JSONL with the given column names."""
+    rng, seen = random.Random(seed), set()
+    with path.open("w") as f:
+        while len(seen) < n:
+            terms = [rng.randint(0, 9) for _ in range(rng.choice((2, 3)))]
+            q = " + ".join(map(str, terms)) + " ="
+            if q not in seen:
+                seen.add(q)
+                f.write(json.dumps({"question": q, "solution": str(sum(terms))}) + "\n")
+    return path
+
+
+def _local(tmp_path, **env):
+    return {"domain": "local", "path": str(tmp_path / "sums.jsonl"), "prompt_column": "question", **env}
+
+
+def test_local_jsonl_domain_runs_with_no_code(tmp_path):
+    write_sums(tmp_path / "sums.jsonl")
+    cfg = small_config(tmp_path, env=_local(tmp_path, answer_column="solution", scorer="exact"), train={"steps": 2})
+    domain = make_domain(cfg)
+    check_env(domain)
+    train, held = domain.tasks("train"), domain.tasks("heldout")
+    assert len(held) == cfg.eval.heldout_size and len(train) == 300 - len(held)
+    assert not {t.prompt for t in train} & {t.prompt for t in held}
+    summary = train_run(cfg, QUIET)
+    assert summary["steps"] == 2
+    rows = _rows(tmp_path)
+    by_id = {t.id: t for t in train + held}
+    for r in rows:
+        assert set(r["rewards"]) == {"correct", "format"}
+        action = r["turns"][0]["action"]
+        tagged = action.split("<answer>")[-1].split("</answer>")[0].strip() if "<answer>" in action else None
+        assert r["rewards"]["correct"] == float(tagged == by_id[r["task_id"]].data["answer"])
+
+
+def test_local_domain_splits_are_seeded(tmp_path):
+    write_sums(tmp_path / "sums.jsonl")
+    env = _local(tmp_path, answer_column="solution")
+    a, b = (make_domain(small_config(tmp_path, env=env)) for _ in range(2))
+    assert [t.id for t in a.tasks("heldout")] == [t.id for t in b.tasks("heldout")]
+    c = make_domain(small_config(tmp_path, env=env, run={"seed": 1, "name": "t", "out_dir": str(tmp_path)}))
+    assert [t.id for t in a.tasks("heldout")] != [t.id for t in c.tasks("heldout")]
+
+
+def test_local_domain_reads_parquet_and_saved_datasets(tmp_path):
+    import datasets
+
+    rows = [json.loads(line) for line in write_sums(tmp_path / "sums.jsonl").read_text().splitlines()]
+    ds = datasets.Dataset.from_list(rows)
+    ds.to_parquet(str(tmp_path / "sums.parquet"))
+    ds.save_to_disk(str(tmp_path / "saved"))
+    ids = []
+    for path in ("sums.jsonl", "sums.parquet", "saved"):
+        env = _local(tmp_path, path=str(tmp_path / path), answer_column="solution")
+        ids.append([(t.prompt, t.data["answer"]) for t in make_domain(small_config(tmp_path, env=env)).tasks("train")])
+    assert ids[0] == ids[1] == ids[2]
+
+
+@pytest.mark.parametrize(
+    ("env", "field"),
+    [
+        ({"path": "missing.jsonl"}, "env.path"),
+        ({"path": None}, "env.path"),
+        ({"answer_column": "answer"}, "env.answer_column"),  # the file's column is `solution`
+        ({"prompt_column": "prompt", "answer_column": "solution"}, "env.prompt_column"),
+        ({"answer_column": "solution", "path": "sums.csv"}, "env.path"),
+    ],
+)
+def test_local_domain_mistakes_name_the_field(tmp_path, env, field):
+    write_sums(tmp_path / "sums.jsonl")
+    (tmp_path / "sums.csv").write_text("question,solution\n1 + 1 =,2\n")
+    if env.get("path"):
+        env["path"] = str(tmp_path / env["path"])
+    cfg = small_config(tmp_path, env=_local(tmp_path, **env))
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        train_run(cfg, QUIET)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_local_domain_too_small_for_the_heldout_set(tmp_path):
+    write_sums(tmp_path / "sums.jsonl", n=100)
+    cfg = small_config(tmp_path, env=_local(tmp_path, answer_column="solution"))
+    with pytest.raises(ConfigError, match=r"eval\.heldout_size"):
+        make_domain(cfg)
+
+
+def test_domain_by_import_path(tmp_path, user_module):
+    cfg = small_config(tmp_path, env={"domain": f"{user_module}:Sums", "terms_max": 20})
+    domain = make_domain(cfg)  # check_env ran on it
+    assert len(domain.tasks("heldout")) == cfg.eval.heldout_size and domain.tasks("train")
+    for path, says in ((f"{user_module}:Broken", "lacks"), (f"{user_module}:Nope", "cannot import")):
+        with pytest.raises(ConfigError, match=r"env\.domain.*" + says):
+            make_domain(small_config(tmp_path, env={"domain": path}))
+    with pytest.raises(ConfigError, match=r"env\.domain"):
+        parse_config({"env": {"domain": "mypkg:not valid"}})

@@ -57,7 +57,10 @@ def run_loop(
     done = run_stage(ctx, 0, "final", FinalResult, lambda: start.final(ctx, head, stop_reason, rnd - 1))
     summary = start.summary(ctx, started, done)
     atomic_write_json(ctx.run_dir / "summary.json", summary, indent=2)
-    tell.done(summary, str(write_report(ctx.run_dir)))
+    report = write_report(ctx.run_dir)
+    tell.done(summary, str(report))
+    if ctx.tracking is not None:
+        ctx.tracking.finish([report, ctx.run_dir / "summary.json"])
     ctx.ledger.close()
     return summary
 

@@ -22,6 +22,7 @@ from evotrainer.skills.library import SkillLibrary
 from evotrainer.stages.results import BranchRecord
 from evotrainer.store.ledger import Charge, Ledger
 from evotrainer.store.rollouts import RolloutStore
+from evotrainer.trackers.forward import Forwarder
 from evotrainer.types import Task
 
 
@@ -39,6 +40,8 @@ class RunContext:
     """Held-out tasks the gate compares arms on."""
     final_ids: list[str]
     """Held-out tasks read only at the start and at the end (never by a gate decision)."""
+    tracking: Forwarder | None = None
+    """The trackers of `run.report_to` (None when it names none); sent what each stage commits."""
 
     def heldout(self, ids: list[str]) -> list[Task]:
         by_id = {t.id: t for t in self.domain.tasks("heldout")}
@@ -98,6 +101,8 @@ def run_stage(ctx: RunContext, rnd: int, name: str, model: type[R], work: Callab
         trials=records.trials,
         verdicts=records.verdicts,
     )
+    if ctx.tracking is not None:
+        ctx.tracking.sync(ctx.ledger, ctx.store)
     return result
 
 

@@ -28,6 +28,8 @@ from evotrainer.stages.results import BranchRecord, FinalResult, GateResult, Mai
 from evotrainer.stages.spend import lineage, spend
 from evotrainer.store.ledger import Charge, Ledger
 from evotrainer.store.rollouts import RolloutStore
+from evotrainer.trackers.forward import Forwarder
+from evotrainer.trackers.tracker import check_report_to
 from evotrainer.training.grpo import GRPOTrainer
 from evotrainer.training.run import seed_everything
 from evotrainer.training.segment import StepContext
@@ -79,6 +81,7 @@ def open_run(cfg: RunConfig, resume: bool, accept_evaluator_change: bool = False
     """Check everything the config can get wrong, then open (or reopen) the run directory; a resumed
     run must find the evaluator it started with (or be told to accept the change)."""
     check_budget(cfg)
+    check_report_to(cfg.run.report_to)
     domain = make_domain(cfg)
     check_terms(cfg.harness, domain)
     if not resume:  # a resumed run past its start loads checkpoints, not the model it started from
@@ -111,6 +114,7 @@ def open_run(cfg: RunConfig, resume: bool, accept_evaluator_change: bool = False
         final_ids=final_ids,
     )
     check_evaluator(ctx, accept_evaluator_change)
+    ctx.tracking = Forwarder.open(cfg.run.report_to, run_dir, cfg.run.name, cfg.model_dump(mode="json"))
     return ctx
 
 

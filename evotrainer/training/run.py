@@ -19,6 +19,8 @@ from evotrainer.harness.harness import save_harness
 from evotrainer.harness.rewards import check_terms
 from evotrainer.policies import check_policy_path, load_policy
 from evotrainer.store.rollouts import RolloutStore
+from evotrainer.trackers.forward import Forwarder
+from evotrainer.trackers.tracker import check_report_to
 from evotrainer.training.grpo import GRPOTrainer
 from evotrainer.training.segment import StepContext, train_step
 
@@ -49,6 +51,7 @@ def train_run(cfg: RunConfig, console: Console | None = None) -> dict:
     domain = make_domain(cfg)
     check_terms(cfg.harness, domain)
     check_policy_path(cfg)
+    check_report_to(cfg.run.report_to)
     run_dir = Path(cfg.run.out_dir) / cfg.run.name
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
@@ -56,12 +59,15 @@ def train_run(cfg: RunConfig, console: Console | None = None) -> dict:
     console.print(f"[bold]run[/] {run_dir}  harness {cfg.harness.version}  domain {cfg.env.domain}")
     store = RolloutStore(run_dir / "store")
     ctx = StepContext(run=cfg.run.name, branch=BRANCH, seed=cfg.run.seed)
+    tracking = Forwarder.open(cfg.run.report_to, run_dir, cfg.run.name, cfg.model_dump(mode="json"))
+    tracking.start_arm(BRANCH, {"branch": BRANCH, "harness_version": cfg.harness.version, "kind": "train"})
     heldout, pool = domain.tasks("heldout"), domain.tasks("train")
     with progress_bar(console) as progress:
         policy = load_policy(cfg, domain, progress=progress, log=console.print)
         seed_everything(cfg)
         before = evaluate(policy, domain, heldout, cfg.eval, progress)
     record_eval(store, cfg, domain, before, 0, ctx)
+    tracking.log_metrics(BRANCH, 0, {"eval/accuracy": before.accuracy})
     console.print(
         f"held-out accuracy before RL: [bold]{before.accuracy:.3f}[/] "
         f"({len(heldout)} tasks, evaluator {before.evaluator_hash})"
@@ -73,10 +79,12 @@ def train_run(cfg: RunConfig, console: Console | None = None) -> dict:
         while step < cfg.train.steps and time.perf_counter() - t0 < cfg.train.max_seconds:
             step += 1
             m = train_step(trainer, domain, pool, ctx, step, store, cfg.eval.audit_fraction, pass_rates)
+            tracking.log_metrics(BRANCH, step, m)
             progress.update(bar, advance=1, description=f"RL reward {m['reward']:.3f} entropy {m['entropy']:.2f}")
             if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.steps:
                 mid = evaluate(policy, domain, heldout, cfg.eval)
                 record_eval(store, cfg, domain, mid, step, ctx)
+                tracking.log_metrics(BRANCH, step, {"eval/accuracy": mid.accuracy})
                 history.append({"step": step, "seconds": time.perf_counter() - t0, "accuracy": mid.accuracy})
                 progress.console.print(f"step {step}: held-out accuracy {mid.accuracy:.3f}")
             if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
@@ -86,6 +94,7 @@ def train_run(cfg: RunConfig, console: Console | None = None) -> dict:
     with progress_bar(console) as progress:
         after = evaluate(policy, domain, heldout, cfg.eval, progress)
     record_eval(store, cfg, domain, after, step, ctx)
+    tracking.log_metrics(BRANCH, step, {"eval/accuracy": after.accuracy})
     history.append({"step": step, "seconds": rl_seconds, "accuracy": after.accuracy})
     summary = {
         "run": cfg.run.name,
@@ -98,6 +107,7 @@ def train_run(cfg: RunConfig, console: Console | None = None) -> dict:
         "history": history,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    tracking.finish([run_dir / "summary.json"])
     console.print(
         f"held-out accuracy after {step} RL steps ({rl_seconds:.0f}s): [bold]{after.accuracy:.3f}[/] "
         f"(before: {before.accuracy:.3f}, change {after.accuracy - before.accuracy:+.3f})"

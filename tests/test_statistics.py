@@ -46,12 +46,15 @@ def test_the_noise_model_floors_at_the_binomial_and_widens_with_overdispersion()
     calm = noise_of([Pair(10, 10, 250), Pair(11, 9, 250)], 10.0)
     assert calm.phi == 1.0 and calm.pairs == 2 and calm.dof == 12.0
     # Run-level shifts (one run of the pair ahead on most of its discordant tasks) raise phi ...
-    wild = noise_of([Pair(16, 4, 250), Pair(3, 15, 250)], 10.0)
+    wild_pairs = [Pair(16, 4, 250), Pair(3, 15, 250)]
+    wild = noise_of(wild_pairs, 10.0)
     assert wild.phi == pytest.approx(((12**2) / 20 + (12**2) / 18) / 2)
     # ... and the same candidate's p with it.
     win = Pair(30, 14, 250)
     assert p_value(win, wild) > p_value(win, calm) >= sign_p(30, 14)
-    assert noise_of([Pair(0, 0, 250)], 10.0).pairs == 0  # a pair with nothing discordant says nothing
+    # A pair with nothing discordant measured nil seed noise: valid, phi at its floor, no degree of freedom.
+    assert noise_of([Pair(0, 0, 250)], 10.0) == Noise(1.0, 1, 10.0)
+    assert noise_of([Pair(0, 0, 250), *wild_pairs], 10.0).phi == wild.phi
 
 
 def test_the_combination_needs_both_stages_and_is_monotone():

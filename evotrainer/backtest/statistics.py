@@ -86,11 +86,14 @@ class Noise:
 
 def noise_of(pairs: list[Pair], base_dof: float) -> Noise:
     """phi = mean over A-A pairs of (wins - losses)^2 / discordant, floored at 1 (the binomial part is
-    certain); pairs with no discordant task say nothing and are skipped."""
+    certain). A pair with no discordant task is a measurement too: the two seeds agreed on every task (a
+    harness that leaves the policy where it is, under greedy decoding), so seed noise was measured and
+    found nil. It makes the estimate valid and leaves phi at its floor, but carries no information on
+    phi's scale (0/0), so it adds no degree of freedom. Without this, a run whose control does not move
+    the policy could never promote the fix for that."""
     xs = [(p.wins - p.losses) ** 2 / p.discordant for p in pairs if p.discordant]
-    if not xs:
-        return Noise(1.0, 0, base_dof)
-    return Noise(max(1.0, sum(xs) / len(xs)), len(xs), base_dof + len(xs))
+    phi = max(1.0, sum(xs) / len(xs)) if xs else 1.0
+    return Noise(phi, len(pairs), base_dof + len(xs))
 
 
 def p_value(pair: Pair, noise: Noise) -> float:

@@ -44,6 +44,11 @@ class RunSection(_Section):
     """Experiment trackers that receive the step metrics (under TRL's names), one run or series per arm
     tagged with its branch, parent, round and harness version, verdicts and findings as events, and
     report.html at the end. Each needs its package (`pip install evotrainer[mlflow]`); none by default."""
+    keep_checkpoints: Literal["lineage", "heads", "all"] = "lineage"
+    """Which checkpoints a loop run keeps once a round's decision is committed. `lineage`: the mainline's (the
+    base and every segment and head it passed through); `heads`: only the base (the KL reference) and the
+    current head; `all`: every arm's. A pruned arm loses its weights and optimizer state and keeps its small
+    files (arm.json), so the ledger, the report and a resume still read it; an undecided round keeps all."""
 
     @field_validator("report_to", mode="before")
     @classmethod
@@ -156,6 +161,15 @@ class TrainSection(_Section):
     """Evaluate on the held-out set every N steps (0: only before and after)."""
     checkpoint_every: int = Field(0, ge=0)
     """Save a checkpoint every N steps (0: only at the end)."""
+    backend: Literal["ours", "trl"] = "ours"
+    """What runs the RL steps of `evotrainer train`, loop segments and trial arms: `ours`
+    (training/grpo.py), or `trl`: trl.GRPOTrainer under the harness, for single-turn domains (a harness
+    knob TRL does not honour, set to another value than its default, is refused at start-up). Rollouts,
+    metrics and checkpoints land in the same store and layout either way. On a GPU, `trl` is the path
+    to vLLM generation and accelerate / DeepSpeed (see trl_args)."""
+    trl_args: dict[str, Any] = {}
+    """Further GRPOConfig keywords for backend trl (use_vllm, vllm_mode, bf16, activation_checkpointing,
+    ...); a keyword the harness or the backend sets itself is refused."""
 
 
 class EvalSection(_Section):

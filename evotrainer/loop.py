@@ -19,7 +19,7 @@ from evotrainer.backtest.trial import ArmResult
 from evotrainer.config import RunConfig
 from evotrainer.report import write_report
 from evotrainer.report.console import Narrator
-from evotrainer.stages import decide, evidence, race, search, start
+from evotrainer.stages import decide, evidence, race, retention, search, start
 from evotrainer.stages.context import RunContext, run_stage
 from evotrainer.stages.results import (
     DiagnoseResult,
@@ -53,6 +53,8 @@ def run_loop(
         if stop_reason := start.stop_before(ctx, rnd):
             break
         head, stop_reason = run_round(ctx, tell, rnd, head)
+        # -- 10. retention: the round is decided; checkpoints nothing will fork from again give back their disk --
+        tell.pruned(retention.prune(ctx.ledger, ctx.run_dir, cfg.run.keep_checkpoints, rnd, head.branch))
     # -- the end: one read of the final tasks, the summary, the report ------------------------------------------
     done = run_stage(ctx, 0, "final", FinalResult, lambda: start.final(ctx, head, stop_reason, rnd - 1))
     summary = start.summary(ctx, started, done)

@@ -26,10 +26,11 @@ from evotrainer.envs.registry import make_domain
 from evotrainer.evaluation import evaluate, evaluator_hash, record_eval
 from evotrainer.harness.harness import Harness
 from evotrainer.policies.hf import HFPolicy
+from evotrainer.store.checkpoints import has_weights
 from evotrainer.store.files import atomic_write_json
 from evotrainer.store.rollouts import RolloutStore
-from evotrainer.training.grpo import GRPOTrainer
-from evotrainer.training.segment import StepContext, train_step
+from evotrainer.training.segment import StepContext
+from evotrainer.training.trl_backend import make_trainer, run_steps
 
 RESULT = "arm.json"
 PASS_RATES = "pass_rates.json"
@@ -107,8 +108,11 @@ def run_arm(spec: ArmSpec, log: Callable[[str], None] | None = None) -> ArmResul
     domain = make_domain(cfg)
     key = spec_key(spec, domain, cfg)
     done = Path(spec.checkpoint) / RESULT
+    # A result whose weights were pruned (run.keep_checkpoints) is no finished arm to fork from: it is redone.
+    # A race loser never had weights; its result stands.
     if done.is_file() and (saved := json.loads(done.read_text())).get("spec_key") == key:
-        return ArmResult(**saved)
+        if saved.get("stopped") or has_weights(spec.checkpoint):
+            return ArmResult(**saved)
     t0 = time.perf_counter()
     result = _train_and_read(spec, cfg, h, domain, log)
     result.seconds = time.perf_counter() - t0
@@ -121,8 +125,7 @@ def _train_and_read(spec: ArmSpec, cfg: RunConfig, h: Harness, domain, log: Call
     win), then save it and evaluate it on the gate tasks."""
     store = RolloutStore(Path(spec.run_dir) / "store")
     policy = HFPolicy.load(spec.start, lora_rank=cfg.policy.lora_rank)
-    trainer = GRPOTrainer(policy, h, reference=spec.reference)
-    trainer.load_optimizer(spec.start)
+    trainer = make_trainer(cfg, policy, domain, h, reference=spec.reference, start=spec.start)
     rates_file = Path(spec.start) / PASS_RATES
     pass_rates = json.loads(rates_file.read_text()) if rates_file.is_file() else {}
     ctx = StepContext(run=cfg.run.name, branch=spec.branch, seed=spec.seed)
@@ -140,8 +143,10 @@ def _train_and_read(spec: ArmSpec, cfg: RunConfig, h: Harness, domain, log: Call
         seconds=0.0,
     )
     rewards = []
-    for k, step in enumerate(range(spec.first_step, spec.first_step + spec.steps), 1):
-        m = train_step(trainer, domain, pool, ctx, step, store, cfg.eval.audit_fraction, pass_rates)
+
+    def after(step: int, m: dict[str, float]) -> bool:
+        """Each finished step: tally it; at a race checkpoint, evaluate, and stop if the arm cannot win."""
+        k = step - spec.first_step + 1
         r.generated_tokens += int(m["tokens_generated"])
         r.trained_tokens += int(m.get("tokens_trained", 0))
         r.last_step = step
@@ -153,7 +158,11 @@ def _train_and_read(spec: ArmSpec, cfg: RunConfig, h: Harness, domain, log: Call
             r.checkpoint_outcomes[str(k)] = r.outcomes
             if spec.race is not None and (why := futile(r.outcomes, spec.race.get(str(k)), k == spec.checkpoints[0])):
                 r.stopped = f"stopped at step {step} ({k} of {spec.steps}): {why}"
-                break
+                return False
+        return True
+
+    audit = cfg.eval.audit_fraction
+    run_steps(trainer, domain, pool, ctx, spec.first_step, spec.steps, store, audit, pass_rates, after)
     third = max(1, len(rewards) // 3)
     r.reward_first, r.reward_last = _mean(rewards[:third]), _mean(rewards[-third:])
     if r.stopped:  # a loser of the race is discarded: its weights are never forked from, so not saved

@@ -47,7 +47,9 @@ def resume(
 
 def _status_table(run: Path) -> Table:
     from evotrainer.stages.results import PromoteResult
+    from evotrainer.stages.retention import disk_use
     from evotrainer.stages.spend import lineage, spend
+    from evotrainer.store.checkpoints import human
     from evotrainer.store.ledger import Ledger
 
     ledger = Ledger(run / "ledger.sqlite")
@@ -78,6 +80,12 @@ def _status_table(run: Path) -> Table:
         )
         share = spend(ledger, lineage(ledger, head.branch if head else "base"))
         t.add_row("discarded arms", f"{share.step_share:.0%} of training steps, {share.token_share:.0%} of arm tokens")
+        disk = disk_use(ledger, run)
+        t.add_row(
+            "disk",
+            f"run directory {human(disk.run_bytes)}, checkpoints {human(disk.checkpoint_bytes)}; "
+            f"pruning freed {human(disk.pruned_bytes)} (run.keep_checkpoints={cfg.run.keep_checkpoints})",
+        )
         t.add_row(
             "verdicts",
             f"{sum(v['decision'] == 'promote' for v in verdicts)} promoted, "

@@ -17,6 +17,7 @@ from evotrainer.stages.results import (
     ReviseResult,
     TrialResult,
 )
+from evotrainer.store.checkpoints import human
 
 
 class Narrator:
@@ -124,11 +125,23 @@ class Narrator:
                 )
             )
 
+    def pruned(self, freed: dict[str, int]) -> None:
+        if freed:
+            self.say(
+                f"10 retention  pruned the weights of {len(freed)} discarded arm(s) ({', '.join(sorted(freed))}): "
+                f"{human(sum(freed.values()))} freed"
+            )
+
     def done(self, summary: dict, report: str) -> None:
         if "warm_start_seconds" in summary:
             self.say(
                 f"\nwarm start (outside the budget): {summary['warm_start_seconds']:.0f} s; arms that ended "
                 f"discarded: {summary['discarded_step_share']:.0%} of training steps"
+            )
+        if "checkpoint_bytes" in summary:
+            self.say(
+                f"checkpoints on disk: {human(summary['checkpoint_bytes'])}; freed by pruning: "
+                f"{human(summary['pruned_bytes'])}"
             )
         self.say(
             f"\n[bold]done[/] after {summary['rounds']} round(s) ({summary['stop_reason']}): final-task accuracy "

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from evotrainer.stages.results import stage_results
+from evotrainer.stages.retention import disk_use
+from evotrainer.store.checkpoints import human
 from evotrainer.store.files import atomic_write_text, sql_list
 from evotrainer.store.ledger import Ledger
 from evotrainer.store.rollouts import RolloutStore
@@ -137,6 +139,11 @@ def _page(run_dir: Path, ledger: Ledger, store: RolloutStore) -> str:
                 f"not continue from): {summary['discarded_step_share']:.0%} of the training steps, "
                 f"{summary['discarded_token_share']:.0%} of the arms' generated tokens.</p>"
             )
+    disk = disk_use(ledger, run_dir)
+    parts.append(
+        f"<p>Disk: the run directory holds {human(disk.run_bytes)}, its checkpoints {human(disk.checkpoint_bytes)}; "
+        f"pruning the weights of discarded arms (run.keep_checkpoints) freed {human(disk.pruned_bytes)}.</p>"
+    )
     parts += _budget(ledger)
     parts += [
         "<h2>Lineage</h2>",

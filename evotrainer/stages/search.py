@@ -9,11 +9,12 @@ from evotrainer.diagnostics.revision import admit
 from evotrainer.diagnostics.suite import Suite
 from evotrainer.harness.harness import Harness
 from evotrainer.proposers.brief import build_brief
-from evotrainer.proposers.proposer import Proposal, intervention_key, screen, signature
+from evotrainer.proposers.proposer import Proposal, Refusal, intervention_key, screen, signature
 from evotrainer.stages.context import RunContext, StageRecords
 from evotrainer.stages.evidence import past_verdicts
 from evotrainer.stages.results import ProposalRecord, ProposeResult, ReplayDecision, ReplayResult
 from evotrainer.store.files import sql_str
+from evotrainer.training.trl_backend import unhonoured
 
 # A replay that lowers the reward-audit AUC by more than this drops the proposal before its trial.
 AUC_DROP = 0.02
@@ -59,6 +60,10 @@ def propose(
     )
     out = ctx.proposer.propose(brief)
     kept, refused = screen(out.proposals, brief)
+    if cfg.train.backend == "trl":  # an arm under a harness TRL cannot honour would stop the run
+        why = {id(p): unhonoured(p.intervention.apply(harness)) for p in kept}
+        refused += [Refusal(p, f"train.backend trl does not honour:{why[id(p)]}") for p in kept if why[id(p)]]
+        kept = [p for p in kept if not why[id(p)]]
     new_suite, admitted = suite, []
     if out.detectors:
         new_suite, admitted = admit(

@@ -25,6 +25,7 @@ from evotrainer.proposers.proposer import Proposer
 from evotrainer.skills.library import SkillLibrary
 from evotrainer.stages.context import RunContext, StageRecords, split_heldout
 from evotrainer.stages.results import BranchRecord, FinalResult, GateResult, Mainline, StartResult
+from evotrainer.stages.retention import disk_use
 from evotrainer.stages.spend import lineage, spend
 from evotrainer.store.ledger import Charge, Ledger
 from evotrainer.store.rollouts import RolloutStore
@@ -33,6 +34,7 @@ from evotrainer.trackers.tracker import check_report_to
 from evotrainer.training.grpo import GRPOTrainer
 from evotrainer.training.run import seed_everything
 from evotrainer.training.segment import StepContext
+from evotrainer.training.trl_backend import check_trl
 from evotrainer.types import branch_id
 
 
@@ -84,6 +86,7 @@ def open_run(cfg: RunConfig, resume: bool, accept_evaluator_change: bool = False
     check_report_to(cfg.run.report_to)
     domain = make_domain(cfg)
     check_terms(cfg.harness, domain)
+    check_trl(cfg, domain)
     if not resume:  # a resumed run past its start loads checkpoints, not the model it started from
         check_policy_path(cfg)
     if cfg.loop.proposer == "llm":  # an endpoint that cannot be reached stops the run before anything is written
@@ -243,6 +246,7 @@ def summary(ctx: RunContext, started: StartResult, done: FinalResult) -> dict[st
     """summary.json: the run's outcome, its verdicts and its spend."""
     ledger = ctx.ledger
     verdicts = ledger.verdicts()
+    disk = disk_use(ledger, ctx.run_dir)
     gates = [
         (r["round"], GateResult.model_validate_json(r["result"]))
         for r in ledger.rows("SELECT round, result FROM stages WHERE stage = 'gate' ORDER BY round")
@@ -266,6 +270,9 @@ def summary(ctx: RunContext, started: StartResult, done: FinalResult) -> dict[st
         ],
         # Arms that ended discarded (off the final mainline's lineage), in steps and generated tokens.
         **spend(ledger, lineage(ledger, done.head.branch)).to_dict(),
+        # Checkpoints left on disk and freed by run.keep_checkpoints (bytes).
+        "checkpoint_bytes": disk.checkpoint_bytes,
+        "pruned_bytes": disk.pruned_bytes,
         "spent": asdict(ledger.spent()),
         "spent_by_stage": {k: asdict(v) for k, v in ledger.spent_by_stage().items()},
     }

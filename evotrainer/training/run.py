@@ -21,8 +21,8 @@ from evotrainer.policies import check_policy_path, load_policy
 from evotrainer.store.rollouts import RolloutStore
 from evotrainer.trackers.forward import Forwarder
 from evotrainer.trackers.tracker import check_report_to
-from evotrainer.training.grpo import GRPOTrainer
-from evotrainer.training.segment import StepContext, train_step
+from evotrainer.training.segment import StepContext
+from evotrainer.training.trl_backend import check_trl, make_trainer, run_steps
 
 BRANCH = "main"
 
@@ -50,6 +50,7 @@ def train_run(cfg: RunConfig, console: Console | None = None) -> dict:
     # Everything the config can get wrong is checked before the run directory is written.
     domain = make_domain(cfg)
     check_terms(cfg.harness, domain)
+    check_trl(cfg, domain)
     check_policy_path(cfg)
     check_report_to(cfg.run.report_to)
     run_dir = Path(cfg.run.out_dir) / cfg.run.name
@@ -72,13 +73,13 @@ def train_run(cfg: RunConfig, console: Console | None = None) -> dict:
         f"held-out accuracy before RL: [bold]{before.accuracy:.3f}[/] "
         f"({len(heldout)} tasks, evaluator {before.evaluator_hash})"
     )
-    trainer = GRPOTrainer(policy, cfg.harness)
-    t0, step, history, pass_rates = time.perf_counter(), 0, [], {}
+    trainer = make_trainer(cfg, policy, domain, cfg.harness)
+    t0, history = time.perf_counter(), []
     with progress_bar(console) as progress:
         bar = progress.add_task("RL", total=cfg.train.steps)
-        while step < cfg.train.steps and time.perf_counter() - t0 < cfg.train.max_seconds:
-            step += 1
-            m = train_step(trainer, domain, pool, ctx, step, store, cfg.eval.audit_fraction, pass_rates)
+
+        def after(step: int, m: dict[str, float]) -> bool:
+            """Each finished step: trackers, progress, the periodic evaluation and checkpoint, the time cap."""
             tracking.log_metrics(BRANCH, step, m)
             progress.update(bar, advance=1, description=f"RL reward {m['reward']:.3f} entropy {m['entropy']:.2f}")
             if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.steps:
@@ -89,6 +90,9 @@ def train_run(cfg: RunConfig, console: Console | None = None) -> dict:
                 progress.console.print(f"step {step}: held-out accuracy {mid.accuracy:.3f}")
             if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
                 trainer.save(run_dir / "checkpoints" / BRANCH)
+            return time.perf_counter() - t0 < cfg.train.max_seconds
+
+        step = run_steps(trainer, domain, pool, ctx, 1, cfg.train.steps, store, cfg.eval.audit_fraction, {}, after)
     rl_seconds = time.perf_counter() - t0
     trainer.save(run_dir / "checkpoints" / BRANCH)
     with progress_bar(console) as progress:

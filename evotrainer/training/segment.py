@@ -180,6 +180,12 @@ def _draw(
         tool_error=h.multi_turn.tool_error,
         generator=gen,
     )
+    return score_batch(h, domain, picked, episodes)
+
+
+def score_batch(h: Harness, domain: Domain, picked: list[Task], episodes: list[Episode]) -> Batch:
+    """Episodes of consecutive groups of num_generations, scored under the harness: every term, the total,
+    each rollout's group std (the TRL backend scores its completions with this too)."""
     terms = [term_values(domain, ep.task, ep.turns, ep.info) for ep in episodes]
     totals = total_reward(
         h,
@@ -188,7 +194,7 @@ def _draw(
         np.array([max((t.tokens for t in ep.turns), default=0) for ep in episodes]),
         np.array([ep.termination for ep in episodes]),
     )
-    group = np.arange(len(episodes)) // s.num_generations
+    group = np.arange(len(episodes)) // h.sampling.num_generations
     _, group_std = advantages(totals, group, h.loss.advantage_estimator, h.loss.scale_rewards)
     return Batch(picked, episodes, terms, totals, group_std, np.ones(len(episodes), bool))
 
@@ -229,22 +235,33 @@ def train_step(
     metrics.update(step_metrics(h, b, keep, audits, audited))
     metrics.update({"gen_seconds": gen_seconds, "seconds": time.perf_counter() - t0})
     if store is not None:
-        shard = f"{ctx.branch}-s{step:06d}"
-        store.append(
-            to_rollouts(
-                b.episodes,
-                b.terms,
-                b.totals.tolist(),
-                ctx=ctx,
-                step=step,
-                harness_version=h.version,
-                group_size=s.num_generations,
-                audits=audits,
-            ),
-            shard,
-        )
-        store.append_metrics(ctx.run, ctx.branch, step, metrics, shard)
+        record_step(store, ctx, step, h, b, audits, metrics)
     return metrics
+
+
+def record_step(
+    store: RolloutStore,
+    ctx: StepContext,
+    step: int,
+    h: Harness,
+    b: Batch,
+    audits: list[bool | None],
+    metrics: dict[str, float],
+) -> None:
+    """A step's rollouts and metrics, in one shard named by branch and step (either backend)."""
+    shard = f"{ctx.branch}-s{step:06d}"
+    rollouts = to_rollouts(
+        b.episodes,
+        b.terms,
+        b.totals.tolist(),
+        ctx=ctx,
+        step=step,
+        harness_version=h.version,
+        group_size=h.sampling.num_generations,
+        audits=audits,
+    )
+    store.append(rollouts, shard)
+    store.append_metrics(ctx.run, ctx.branch, step, metrics, shard)
 
 
 def step_metrics(

@@ -235,3 +235,33 @@ def test_domain_by_import_path(tmp_path, user_module):
             make_domain(small_config(tmp_path, env={"domain": path}))
     with pytest.raises(ConfigError, match=r"env\.domain"):
         parse_config({"env": {"domain": "mypkg:not valid"}})
+
+
+def test_a_loop_run_trains_on_a_user_s_term_and_its_rollouts_carry_it(tmp_path, user_module, math_setup):
+    """The loop's own stages (segment, race, gate) under a harness whose reward is the user's term (verl's
+    signature) beside `correct`: every training rollout of every arm carries it, and the stored total is
+    the weighted sum the harness says."""
+    from evotrainer.loop import run_loop
+
+    cfg = small_config(
+        tmp_path,
+        env={"reward_functions": {"verl_term": f"{user_module}:compute_score"}},
+        harness={"reward_weights": {"correct": 1.0, "verl_term": 0.5}},
+        loop={
+            "segment_steps": 2,
+            "trial_steps": 2,
+            "candidates": 1,
+            "max_rounds": 1,
+            "skills_dir": str(tmp_path / "skills"),
+            "max_trial_share": 1.0,
+        },
+    )
+    summary = run_loop(cfg, QUIET)
+    assert summary["rounds"] == 1
+    rows = [r for r in _rows(tmp_path) if r["split"] == "train"]
+    branches = {r["branch"] for r in rows}
+    assert {"r01-seg", "r01-ctl"} <= branches, branches
+    for r in rows:
+        assert r["rewards"]["verl_term"] in (1.0, 0.25)
+    ctl = [r for r in rows if r["branch"] == "r01-ctl"]
+    assert all(r["reward"] == pytest.approx(r["rewards"]["correct"] + 0.5 * r["rewards"]["verl_term"]) for r in ctl)

@@ -45,6 +45,7 @@ from evotrainer.stages.race import checkpoints  # noqa: E402
 from evotrainer.training.grpo import GRPOTrainer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
+PRIORS = (1.0, 4.0, 10.0, 30.0)  # the sensitivity sweep's priors for the noise model
 
 
 def with_lr(h: Harness, lr: float) -> Harness:
@@ -126,21 +127,33 @@ def race(ctrl: dict, cand: dict, marks: list[str]) -> Pair | None:
     return Pair.of(cand["final"], ctrl["final"])
 
 
-def one_round(ctrl: dict, cands: list[dict], replicate: list[dict], ctlr: dict, level: float) -> int | None:
-    """The promoted candidate (1-based), or None, by the gate's own functions."""
+def one_round(
+    ctrl: dict, cands: list[dict], replicate: list[dict], ctlr: dict, level: float, prior: float = gate.BASE_DOF
+) -> int | None:
+    """The promoted candidate (1-based), or None, by the gate's own functions (`prior`: the noise model's
+    prior pairs, gate.BASE_DOF unless a sensitivity sweep varies it)."""
     marks = sorted(ctrl["curve"], key=int)
     stage1 = [race(ctrl, c, marks) for c in cands]
-    j, _ = gate.finalist(stage1, noise_of([], gate.BASE_DOF))
+    j, _ = gate.finalist(stage1, noise_of([], prior))
     if j is None:
         return None
-    noise = noise_of([Pair.of(ctlr["final"], ctrl["final"])], gate.BASE_DOF)
+    noise = noise_of([Pair.of(ctlr["final"], ctrl["final"])], prior)
     _, reasons = gate.two_stage(
         stage1[j - 1], Pair.of(replicate[j - 1]["final"], ctlr["final"]), len(cands), noise, level
     )
     return None if reasons else j
 
 
-def resample(pool: dict[str, list[dict]], null: str, k: int, lr: bool, n: int, level: float, seed: int) -> float:
+def resample(
+    pool: dict[str, list[dict]],
+    null: str,
+    k: int,
+    lr: bool,
+    n: int,
+    level: float,
+    seed: int,
+    prior: float = gate.BASE_DOF,
+) -> float:
     """Share of n resampled rounds that promote: any promotion (null rounds) or the fix's (lr rounds)."""
     rng, hits = random.Random(seed), 0
     nulls, fixes = pool[null], pool["lr-fix"]
@@ -150,9 +163,20 @@ def resample(pool: dict[str, list[dict]], null: str, k: int, lr: bool, n: int, l
         if lr:
             a, b = rng.sample(range(len(fixes)), 2)
             cands, reps = [fixes[a], *cands[1:]], [fixes[b], *reps[1:]]
-        j = one_round(ctrl, cands, reps, ctlr, level)
+        j = one_round(ctrl, cands, reps, ctlr, level, prior)
         hits += (j == 1) if lr else (j is not None)
     return hits / n
+
+
+def sensitivity(pool: dict[str, list[dict]], k: int, n: int, level: float) -> dict[str, dict[str, float]]:
+    """False promotions and power with other priors for the noise model (gate.BASE_DOF pseudo-pairs at
+    phi = 1): how much the chosen constant decides."""
+    out = {}
+    for prior in PRIORS:
+        fp = max(resample(pool, f"null-{s}", k, False, n, level, 11 * k, prior) for s in ("lo", "hi"))
+        power = resample(pool, "null-lo", k, True, n, level, 13 * k, prior)
+        out[str(prior)] = {"false_promotion_rate": fp, "power": power}
+    return out
 
 
 def real_null_trials(cfg: RunConfig, work: Path, n: int, k: int) -> list[dict]:
@@ -243,6 +267,8 @@ def main() -> None:
                 "real_null_trials": len(real) if k == 1 else 0,
                 "false_promotion_rate_by_start": rates,
                 "real_null_promotions": sum(r["promoted"] for r in real) if k == 1 else None,
+                "prior_pairs": gate.BASE_DOF,
+                "sensitivity": sensitivity(pool, k, args.resamples, level),
             }
         )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ from evotrainer.diagnostics.suite import Suite
 from evotrainer.harness.harness import Harness
 from evotrainer.loop import run_loop
 from evotrainer.stages.context import split_heldout
+from evotrainer.stages.race import race_size
 from evotrainer.stages.results import Mainline, read_stage
 from evotrainer.stages.spend import lineage, spend
 from evotrainer.store.ledger import Charge, Ledger
@@ -119,6 +120,19 @@ def test_the_trial_share_cap_cuts_the_candidates_a_round_may_race(tmp_path, math
     assert [a.role for a in tried.arms] == ["control"] and "within loop.max_trial_share" in tried.note
     assert summary["discarded_step_share"] == 0.0 and summary["training_steps"] == 4
     ledger.close()
+
+
+def test_a_round_races_only_candidates_whose_winner_it_could_also_confirm():
+    # One arm is 100 tokens: a racer is charged 50, an A-A arm 100, a confirmation 300.
+    allow = lambda cap: lambda extra: extra <= cap  # noqa: E731
+    assert race_size(2, 100, True, False, True, allow(400)) == 2
+    assert race_size(2, 100, True, False, True, allow(399)) == 1
+    # Two racers fit the share on their own, but not with the confirmation their winner would need.
+    assert race_size(2, 100, True, False, True, allow(349)) == 0
+    assert race_size(2, 100, True, False, False, allow(349)) == 2
+    # Without a race a candidate costs a whole arm; an A-A arm is reserved beside them.
+    assert race_size(2, 100, False, True, False, allow(300)) == 2
+    assert race_size(2, 100, False, True, False, allow(299)) == 1
 
 
 def test_a_rollback_trains_the_next_round_on_other_seeds():

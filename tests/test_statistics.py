@@ -40,7 +40,7 @@ def test_the_sign_test_is_exact_where_a_bootstrap_is_permissive():
     assert p_value(Pair(4, 0, 100), Noise(1.0, 3, 13.0)) >= 0.0625
 
 
-def test_the_noise_model_floors_at_the_binomial_and_widens_with_overdispersion():
+def test_the_noise_model_floors_at_the_binomial_and_widens_with_overdispersion_moderated_by_a_prior():
     assert noise_of([], 10.0) == Noise(1.0, 0, 10.0) and not noise_of([], 10.0).valid
     # A-A pairs that split no more unevenly than coins: phi stays at its floor of 1.
     calm = noise_of([Pair(10, 10, 250), Pair(11, 9, 250)], 10.0)
@@ -48,7 +48,10 @@ def test_the_noise_model_floors_at_the_binomial_and_widens_with_overdispersion()
     # Run-level shifts (one run of the pair ahead on most of its discordant tasks) raise phi ...
     wild_pairs = [Pair(16, 4, 250), Pair(3, 15, 250)]
     wild = noise_of(wild_pairs, 10.0)
-    assert wild.phi == pytest.approx(((12**2) / 20 + (12**2) / 18) / 2)
+    # ... pooled with the prior of 10 pseudo-pairs at phi = 1, so one or two lucky draws do not decide it ...
+    assert wild.phi == pytest.approx((10 + (12**2) / 20 + (12**2) / 18) / 12)
+    # ... which fades as pairs accumulate: 1,000 such pairs measure their own phi.
+    assert noise_of(wild_pairs * 500, 10.0).phi == pytest.approx(((12**2) / 20 + (12**2) / 18) / 2, rel=0.02)
     # ... and the same candidate's p with it.
     win = Pair(30, 14, 250)
     assert p_value(win, wild) > p_value(win, calm) >= sign_p(30, 14)

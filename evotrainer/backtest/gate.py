@@ -29,7 +29,11 @@ AUDIT_FLAT = 0.0  # ... while its train audit pass rate is no better than the co
 CONFIRM_WEIGHT = 0.8  # weight of the confirmation in the inverse-normal combination (the race's: 0.6)
 CONFIRM_P_MAX = 0.3  # the confirmation's own p must be at most this: it leans the same way
 SCREEN = 0.5  # a race winner whose adjusted stage-1 p is above this is not worth a confirmation
-BASE_DOF = 30.0  # degrees of freedom of the noise model's t reference, plus one per A-A pair
+# The noise model's prior: worth this many A-A pairs at phi = 1, and the t reference's degrees of freedom
+# before the measured pairs add theirs (statistics.noise_of). 10 on gate_calibration's sweep: false
+# promotions <= 0.026 at K = 1, 2, 4 with 1, 4, 10 or 30 (nominal 0.05); power for the learning-rate fix
+# 0.81 / 0.97 / 0.98 / 0.99 at K = 1 and 0.25 / 0.78 / 0.86 / 0.88 at K = 4 (RESULTS.md).
+BASE_DOF = 10.0
 
 
 @dataclass

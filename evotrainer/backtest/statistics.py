@@ -84,16 +84,22 @@ class Noise:
         return self.pairs > 0
 
 
-def noise_of(pairs: list[Pair], base_dof: float) -> Noise:
-    """phi = mean over A-A pairs of (wins - losses)^2 / discordant, floored at 1 (the binomial part is
-    certain). A pair with no discordant task is a measurement too: the two seeds agreed on every task (a
-    harness that leaves the policy where it is, under greedy decoding), so seed noise was measured and
-    found nil. It makes the estimate valid and leaves phi at its floor, but carries no information on
-    phi's scale (0/0), so it adds no degree of freedom. Without this, a run whose control does not move
-    the policy could never promote the fix for that."""
+def noise_of(pairs: list[Pair], prior_pairs: float) -> Noise:
+    """phi, moderated: the mean over A-A pairs of (wins - losses)^2 / discordant, pooled with a prior of
+    `prior_pairs` pseudo-pairs at phi = 1 (the binomial floor), and floored at 1. One pair's
+    (w - l)^2 / m is phi times a chi-square with one degree of freedom: the plug-in estimate of a
+    single pair is above 2.7 phi one time in ten, and on benchmarks/gate_calibration.py's arms those
+    draws, not the evidence, were what kept the learning-rate fix from promotion in most rounds it
+    missed. Pooling with a prior (the empirical-Bayes moderated variance of limma, Smyth 2004) makes
+    the estimate and the t reference's degrees of freedom (prior plus measured pairs) agree about how
+    much is known; as pairs accumulate the measured phi dominates. A pair with no discordant task is a
+    measurement too: the two seeds agreed on every task (a harness that leaves the policy where it is,
+    under greedy decoding), so seed noise was measured and found nil. It makes the estimate valid but
+    carries no information on phi's scale (0/0), so it adds no degree of freedom. Without this, a run
+    whose control does not move the policy could never promote the fix for that."""
     xs = [(p.wins - p.losses) ** 2 / p.discordant for p in pairs if p.discordant]
-    phi = max(1.0, sum(xs) / len(xs)) if xs else 1.0
-    return Noise(phi, len(pairs), base_dof + len(xs))
+    phi = max(1.0, (prior_pairs + sum(xs)) / (prior_pairs + len(xs)))
+    return Noise(phi, len(pairs), prior_pairs + len(xs))
 
 
 def p_value(pair: Pair, noise: Noise) -> float:

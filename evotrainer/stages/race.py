@@ -37,6 +37,19 @@ def checkpoints(steps: int, n: int) -> tuple[int, ...]:
     return tuple(sorted({round(steps * i / (n + 1)) for i in range(1, n + 1)} - {0, steps}))
 
 
+def race_size(n: int, full: int, racing: bool, aa_due: bool, confirms: bool, fits) -> int:
+    """How many of `n` candidates a round can afford: the most k for which `fits(discarded tokens)` holds
+    (0 when none). `full` is one arm's tokens. A racing candidate is charged half an arm (the race stops
+    most losers early), an A-A arm a whole one, and a confirmation three (a replicate, a control replicate,
+    and whichever of control and winner the mainline leaves): a race whose winner could not then be
+    confirmed would buy nothing but discarded tokens."""
+    cost = full // 2 if racing else full
+    k = n
+    while k and not fits(k * cost + aa_due * full + (3 * full if confirms else 0)):
+        k -= 1
+    return k
+
+
 def trial(
     ctx: RunContext, rnd: int, head: Mainline, seg: ArmResult, survivors: list, taint: list[str]
 ) -> tuple[TrialResult, StageRecords]:
@@ -47,14 +60,18 @@ def trial(
     aa_due = bool(survivors) and (
         cfg.gate.aa_control == "round" or (cfg.gate.aa_control == "promotion" and head.aa_due)
     )
-    # A racing candidate is charged half its length (the race stops most losers early), an A-A arm its whole.
-    cost = per_step * (steps // 2 if cfg.loop.race_checkpoints else steps)
-    k = len(survivors)
-    while k and not _within_share(ctx, kept, k * cost + aa_due * per_step * steps, per_step * steps):
-        k -= 1
+    full = per_step * steps
+    k = race_size(
+        len(survivors),
+        full,
+        bool(cfg.loop.race_checkpoints),
+        aa_due,
+        cfg.gate.statistic == "two_stage",
+        lambda extra: _within_share(ctx, kept, extra, full),
+    )
     note = "" if k == len(survivors) else f"{k} of {len(survivors)} candidate(s) within loop.max_trial_share"
     aa_due = aa_due and k > 0
-    n_arms = 1 + k + aa_due
+    n_arms = 1 + k + aa_due + (2 if k and cfg.gate.statistic == "two_stage" else 0)  # with the confirmation's
     if cap := over_budget(cfg, ctx.ledger.spent(), Charge(per_step * steps * n_arms)):
         return TrialResult(
             arms=[], abandoned=f"budget.{cap} would be exceeded by {n_arms} arm(s) of {steps} steps"
@@ -70,7 +87,7 @@ def trial(
     arms = [control, *raced]
     j = None
     if k and cfg.gate.statistic == "two_stage":
-        j, note = _finalist(ctx, head, control, raced, k, kept, per_step * steps * 3, note)
+        j, note = _finalist(ctx, head, control, raced, k, kept, 3 * full, note)
     if j is not None:
         confirm = [
             spec("replicate", "replicate", harnesses[j - 1], j),

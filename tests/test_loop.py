@@ -185,7 +185,8 @@ def test_budget_cap_stops_cleanly_and_abandons_a_trial_that_cannot_fit(tmp_path,
 def test_process_executor_runs_arms_in_parallel_processes_with_the_same_results(tmp_path, math_setup):
     """Arms are pure functions of their spec: in worker processes they give what they give in this
     process at the same thread count (here one thread each)."""
-    from evotrainer.backtest.trial import ArmSpec, ProcessExecutor, SerialExecutor
+    from evotrainer.backtest.executors import ProcessExecutor, SerialExecutor
+    from evotrainer.backtest.trial import ArmSpec
     from evotrainer.training.grpo import GRPOTrainer
 
     cfg, domain, policy = math_setup

@@ -10,7 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from evotrainer.backtest.trial import make_executor
+from evotrainer.backtest.executors import make_executor
 from evotrainer.config import RunConfig, dump_config
 from evotrainer.diagnostics.suite import Suite
 from evotrainer.envs.registry import make_domain

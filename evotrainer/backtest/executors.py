@@ -1,5 +1,6 @@
-"""Where trial arms run (`loop.executor`): one after another in this process, or in worker processes. Every
-executor runs the same pure arm function, so the choice changes the wall time, not the results."""
+"""Where trial arms run (`loop.executor`): one after another in this process, in worker processes, or as
+Ray tasks (backtest/ray_executor.py, with the ray extra). Every executor runs the same pure arm function,
+so the choice changes the wall time, not the results."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Protocol
 
 from evotrainer.backtest.trial import ArmResult, ArmSpec, run_arm, run_arm_in_worker
 from evotrainer.config import RunConfig
+from evotrainer.errors import ConfigError
 
 Started = Callable[[ArmSpec], None]  # told when an arm starts (for `evotrainer status`)
 
@@ -53,6 +55,17 @@ class ProcessExecutor:
 
 
 def make_executor(cfg: RunConfig, log: Callable[[str], None] | None = None) -> Executor:
+    """The executor of `loop.executor`. For ray this joins the cluster (or starts a local node), so the
+    loop calls it before it writes the run directory: a missing extra or an unreachable cluster stops
+    the run with nothing written."""
+    if cfg.loop.executor == "ray":
+        try:
+            from evotrainer.backtest.ray_executor import RayExecutor  # the ray extra: imported only when asked for
+        except ImportError as e:
+            if not (e.name or "").startswith("ray"):
+                raise
+            raise ConfigError("loop.executor: ray needs the ray extra: pip install 'evotrainer[ray]'") from None
+        return RayExecutor(cfg.loop.ray_cpus_per_arm, cfg.loop.ray_gpus_per_arm)
     if cfg.loop.executor == "process":
         return ProcessExecutor(cfg.loop.workers, cfg.run.threads)
     return SerialExecutor(log)

@@ -100,6 +100,7 @@ def open_run(cfg: RunConfig, resume: bool, accept_evaluator_change: bool = False
             f"run.name: {run_dir} already holds a loop run; `evotrainer resume {run_dir}` continues it, "
             "or choose another run.name"
         )
+    executor = make_executor(cfg, log=None)  # ray: a missing extra or cluster stops here, with nothing written
     run_dir.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(ledger_path)
     _check_identity(cfg, ledger, run_dir)
@@ -111,7 +112,7 @@ def open_run(cfg: RunConfig, resume: bool, accept_evaluator_change: bool = False
         store=RolloutStore(run_dir / "store"),
         ledger=ledger,
         skills=SkillLibrary(cfg.loop.skills_dir),
-        executor=make_executor(cfg, log=None),
+        executor=executor,
         proposer=make_proposer(cfg, ledger, run_dir),
         gate_ids=gate_ids,
         final_ids=final_ids,

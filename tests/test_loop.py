@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 
 import pytest
 from rich.console import Console
@@ -160,6 +161,15 @@ def test_report_and_status(loop_run):
 def test_config_mistakes_are_refused_before_anything_is_written(tmp_path, math_setup):
     cfg = loop_config(tmp_path, loop={"max_rounds": 0})
     with pytest.raises(ConfigError, match="budget"):
+        run_loop(cfg, quiet())
+    assert not (tmp_path / "runs").exists()
+
+
+def test_executor_ray_without_the_ray_extra_is_refused_before_anything_is_written(tmp_path, math_setup, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # what an install without the extra gives: import ray fails
+    monkeypatch.delitem(sys.modules, "evotrainer.backtest.ray_executor", raising=False)
+    cfg = loop_config(tmp_path, loop={"executor": "ray"})
+    with pytest.raises(ConfigError, match=r"loop.executor: ray needs the ray extra: pip install 'evotrainer\[ray\]'"):
         run_loop(cfg, quiet())
     assert not (tmp_path / "runs").exists()
 

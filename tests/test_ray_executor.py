@@ -1,6 +1,6 @@
 """The Ray executor (loop.executor: ray) on a local 2-CPU Ray node, one per module: a loop decides as the
 serial executor does and resumes after a lost worker; a worker that cannot read the run directory fails at
-once; a worker lost once is retried."""
+once; a batch larger than the node runs in turns; a worker lost once is retried."""
 
 from __future__ import annotations
 
@@ -33,9 +33,12 @@ from evotrainer.training.grpo import GRPOTrainer
 
 @pytest.fixture(scope="module")
 def node():
+    address = os.environ.pop("RAY_ADDRESS", None)  # a local node, whatever cluster the shell points at
     connect(num_cpus=2)
     yield
     ray.shutdown()
+    if address is not None:
+        os.environ["RAY_ADDRESS"] = address
 
 
 class ArmKiller(threading.Thread):
@@ -110,7 +113,8 @@ def test_a_ray_loop_decides_as_the_serial_one_and_resumes_after_a_lost_worker(tm
     serial executor's."""
     serial = run_loop(_config(tmp_path / "serial", "serial"), Console(file=io.StringIO()))
     cfg = _config(tmp_path / "ray", "ray")
-    with ArmKiller(times=2) as killer, pytest.raises(InfrastructureError, match="lost 2 times.*evotrainer resume"):
+    lost = "WorkerCrashedError.*after 1 retry.*evotrainer resume"
+    with ArmKiller(times=2) as killer, pytest.raises(InfrastructureError, match=lost):
         run_loop(cfg, Console(file=io.StringIO()))
     assert len(killer.killed) == 2
     run_dir = tmp_path / "ray" / "runs" / "t"
@@ -144,11 +148,18 @@ def test_a_worker_that_cannot_read_the_parent_checkpoint_fails_at_once(tmp_path,
     assert time.perf_counter() - t0 < 60  # no retry, no training
 
 
-def test_a_worker_lost_once_is_retried_and_the_arm_finishes(tmp_path, math_setup, node):
+def test_a_batch_larger_than_the_node_runs_in_turns_and_a_worker_lost_once_is_retried(tmp_path, math_setup, node):
+    """Three 1-CPU arms on the 2-CPU node: a 2-bundle group (a 3-bundle one could never be placed), the third
+    arm queued until a bundle frees; the first arm's worker is killed once, and its retry finishes it."""
     cfg, _, policy = math_setup
+    executor = RayExecutor(cpus_per_arm=1)
+    assert (executor.at_once(3), executor.at_once(1)) == (2, 1)
+    with pytest.raises(ConfigError, match="loop.ray_cpus_per_arm=3.*no node"):
+        RayExecutor(cpus_per_arm=3).at_once(1)
     start = tmp_path / "start"
     GRPOTrainer(policy.fork(tmp_path / "fork"), cfg.harness).save(start)
     with ArmKiller(times=1) as killer:
-        [r] = RayExecutor(cpus_per_arm=1).run([_arm(tmp_path, cfg, start, "a")])
-    assert len(killer.killed) == 1 and (r.branch, r.last_step) == ("a", 1)
-    assert (tmp_path / "checkpoints" / "a" / "arm.json").is_file()
+        out = executor.run([_arm(tmp_path, cfg, start, name) for name in "abc"])
+    assert len(killer.killed) == 1
+    assert [(r.branch, r.last_step) for r in out] == [("a", 1), ("b", 1), ("c", 1)]
+    assert all((tmp_path / "checkpoints" / name / "arm.json").is_file() for name in "abc")

@@ -82,10 +82,11 @@ def arm_task(spec: ArmSpec, threads: int) -> dict[str, Any]:
 class RayExecutor:
     """Arms as Ray tasks, each batch in one placement group (see the module's docstring)."""
 
-    def __init__(self, cpus_per_arm: int, gpus_per_arm: float = 0.0, num_cpus: int | None = None):
-        connect(num_cpus)
+    def __init__(self, cpus_per_arm: int, gpus_per_arm: float = 0.0):
+        connect()
         self.cpus, self.gpus = cpus_per_arm, gpus_per_arm
         self.bundle = {"CPU": float(cpus_per_arm), **({"GPU": gpus_per_arm} if gpus_per_arm else {})}
+        self.at_once(1)  # an arm no node can hold is a config mistake: said now, before the run is written
 
     def at_once(self, arms: int) -> int:
         """How many of `arms` arms the cluster's live nodes can hold at once (each arm on one node)."""
@@ -142,10 +143,11 @@ def _gather(refs: list, specs: list[ArmSpec]) -> list[dict[str, Any]]:
         raise
     except RayError as e:
         spec = spec_of[done]
+        why = f"{type(e).__name__}: {str(e).splitlines()[0]}" if str(e) else type(e).__name__
         raise InfrastructureError(
-            f"arm {spec.branch}: its Ray worker or node was lost {RETRIES + 1} times ({type(e).__name__}: "
-            f"{str(e).splitlines()[0] if str(e) else ''}); the run stops here and `evotrainer resume "
-            f"{spec.run_dir}` redoes the stage (arms that finished keep their results)"
+            f"arm {spec.branch}: Ray lost it ({why}), after {RETRIES} retry of a lost worker or node; the run "
+            f"stops here and `evotrainer resume {spec.run_dir}` redoes the stage (arms that finished keep their "
+            "results)"
         ) from e
     finally:
         for r in pending:

@@ -26,8 +26,9 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from evotrainer.backtest.executors import ProcessExecutor, SerialExecutor  # noqa: E402
 from evotrainer.backtest.gate import bootstrap  # noqa: E402
-from evotrainer.backtest.trial import ArmSpec, ProcessExecutor, SerialExecutor  # noqa: E402
+from evotrainer.backtest.trial import ArmSpec  # noqa: E402
 from evotrainer.config import load_config  # noqa: E402
 from evotrainer.envs.registry import make_domain  # noqa: E402
 from evotrainer.evaluation import evaluate  # noqa: E402

@@ -203,10 +203,17 @@ class LoopSection(_Section):
     """Who proposes interventions: the offline heuristic catalog, or an LLM (see the `llm` section)."""
     skills_dir: Path = Path("~/.evotrainer/skills")
     """The skill library shared across runs (promoted interventions with their evidence)."""
-    executor: Literal["serial", "process"] = "serial"
-    """How trial arms run: one after another in this process, or in parallel worker processes."""
+    executor: Literal["serial", "process", "ray"] = "serial"
+    """How trial arms run: one after another in this process, in parallel worker processes, or as Ray tasks
+    (the ray extra) on a local Ray node, or on the cluster at RAY_ADDRESS; the run directory must then be
+    on storage every node sees."""
     workers: int = Field(2, ge=1, le=256)
     """Worker processes for executor `process`."""
+    ray_cpus_per_arm: int = Field(1, ge=1, le=1024)
+    """CPUs Ray reserves for each arm (executor `ray`); the arm trains with as many torch threads."""
+    ray_gpus_per_arm: float = Field(0.0, ge=0.0, le=64.0)
+    """GPUs Ray reserves for each arm (executor `ray`; a fraction shares one GPU between arms). Ray sets the
+    arm's CUDA_VISIBLE_DEVICES to them; train.backend trl trains on them, the native trainer on the CPUs."""
     race_checkpoints: int = Field(3, ge=0, le=16)
     """Checkpoints at which the arms are evaluated on the gate tasks during a trial (evenly spaced);
     a candidate that cannot win stops there. 0: every arm runs its full length."""

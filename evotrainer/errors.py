@@ -18,3 +18,8 @@ class HarnessError(ConfigError):
 class EvaluatorChanged(UserError):
     """The evaluator (its code, settings, data or scorer versions) is not the one a run's verdicts
     were made under; the message says what changed."""
+
+
+class InfrastructureError(UserError):
+    """The run stopped for a reason outside it: a worker or node that ran an arm was lost (twice, with its
+    retry). Nothing committed is lost: `evotrainer resume` redoes the unfinished stage."""

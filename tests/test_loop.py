@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 
 import pytest
 from rich.console import Console
@@ -164,6 +165,15 @@ def test_config_mistakes_are_refused_before_anything_is_written(tmp_path, math_s
     assert not (tmp_path / "runs").exists()
 
 
+def test_executor_ray_without_the_ray_extra_is_refused_before_anything_is_written(tmp_path, math_setup, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # what an install without the extra gives: import ray fails
+    monkeypatch.delitem(sys.modules, "evotrainer.backtest.ray_executor", raising=False)
+    cfg = loop_config(tmp_path, loop={"executor": "ray"})
+    with pytest.raises(ConfigError, match=r"loop.executor: ray needs the ray extra: pip install 'evotrainer\[ray\]'"):
+        run_loop(cfg, quiet())
+    assert not (tmp_path / "runs").exists()
+
+
 def test_an_existing_run_is_not_overwritten(loop_run):
     cfg, run_dir, summary = loop_run
     with pytest.raises(ConfigError, match="resume"):
@@ -185,7 +195,8 @@ def test_budget_cap_stops_cleanly_and_abandons_a_trial_that_cannot_fit(tmp_path,
 def test_process_executor_runs_arms_in_parallel_processes_with_the_same_results(tmp_path, math_setup):
     """Arms are pure functions of their spec: in worker processes they give what they give in this
     process at the same thread count (here one thread each)."""
-    from evotrainer.backtest.trial import ArmSpec, ProcessExecutor, SerialExecutor
+    from evotrainer.backtest.executors import ProcessExecutor, SerialExecutor
+    from evotrainer.backtest.trial import ArmSpec
     from evotrainer.training.grpo import GRPOTrainer
 
     cfg, domain, policy = math_setup

@@ -3,7 +3,7 @@ on the same seeds and task order, and evaluated by the evaluator on the same hel
 
 An arm is a pure function of its ArmSpec (start checkpoint, harness, seed, steps), so arms can run in
 this process, in worker processes, or on Ray, and a resumed run can skip an arm whose result file
-exists. The executor is the small interface that decides where arms run."""
+exists. Where arms run is the executor's business (backtest/executors.py)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,9 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, replace
-from multiprocessing import get_context
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from pydantic import BaseModel, ConfigDict
@@ -219,56 +217,10 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else 0.0
 
 
-Started = Callable[[ArmSpec], None]  # told when an arm starts (for `evotrainer status`)
-
-
-class Executor(Protocol):
-    """Runs arms; returns their results in the order given."""
-
-    def run(self, specs: list[ArmSpec], started: Started | None = None) -> list[ArmResult]: ...
-
-
-class SerialExecutor:
-    """One arm after another in this process (the default: 2-core machines gain nothing from more)."""
-
-    def __init__(self, log: Callable[[str], None] | None = None):
-        self.log = log
-
-    def run(self, specs: list[ArmSpec], started: Started | None = None) -> list[ArmResult]:
-        out = []
-        for s in specs:
-            if started:
-                started(s)
-            out.append(run_arm(s, self.log))
-        return out
-
-
-def _run_in_worker(spec: ArmSpec, threads: int) -> dict[str, Any]:
+def run_arm_in_worker(spec: ArmSpec, threads: int) -> dict[str, Any]:
+    """run_arm in a worker (a spawned process, a Ray task) with `threads` torch threads; the result as a
+    dict, which crosses a process boundary without this module's classes."""
     torch.set_num_threads(threads)
     cfg = dict(spec.config)
     cfg["run"] = {**cfg["run"], "threads": threads}
     return run_arm(replace(spec, config=cfg)).to_dict()
-
-
-class ProcessExecutor:
-    """Arms in parallel worker processes (spawned: no fork of a process that holds torch threads).
-    Each worker gets an equal share of the configured threads. A worker that dies takes its arm with
-    it: the error is raised here and the stage is redone on resume. Ray can implement the same
-    interface by submitting _run_in_worker as a remote task."""
-
-    def __init__(self, workers: int, threads: int):
-        self.workers = workers
-        self.threads = max(1, threads // workers)
-
-    def run(self, specs: list[ArmSpec], started: Started | None = None) -> list[ArmResult]:
-        for s in specs if started else ():
-            started(s)
-        with ProcessPoolExecutor(max_workers=self.workers, mp_context=get_context("spawn")) as pool:
-            futures = [pool.submit(_run_in_worker, s, self.threads) for s in specs]
-            return [ArmResult(**f.result()) for f in futures]
-
-
-def make_executor(cfg: RunConfig, log: Callable[[str], None] | None = None) -> Executor:
-    if cfg.loop.executor == "process":
-        return ProcessExecutor(cfg.loop.workers, cfg.run.threads)
-    return SerialExecutor(log)

@@ -13,7 +13,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from evotrainer.backtest.trial import ArmResult, ArmSpec, Executor
+from evotrainer.backtest.executors import Executor
+from evotrainer.backtest.trial import ArmResult, ArmSpec
 from evotrainer.config import RunConfig
 from evotrainer.envs.env import Domain
 from evotrainer.harness.harness import Harness

@@ -10,7 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from evotrainer.backtest.trial import make_executor
+from evotrainer.backtest.executors import make_executor
 from evotrainer.config import RunConfig, dump_config
 from evotrainer.diagnostics.suite import Suite
 from evotrainer.envs.registry import make_domain
@@ -100,6 +100,7 @@ def open_run(cfg: RunConfig, resume: bool, accept_evaluator_change: bool = False
             f"run.name: {run_dir} already holds a loop run; `evotrainer resume {run_dir}` continues it, "
             "or choose another run.name"
         )
+    executor = make_executor(cfg, log=None)  # ray: a missing extra or cluster stops here, with nothing written
     run_dir.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(ledger_path)
     _check_identity(cfg, ledger, run_dir)
@@ -111,7 +112,7 @@ def open_run(cfg: RunConfig, resume: bool, accept_evaluator_change: bool = False
         store=RolloutStore(run_dir / "store"),
         ledger=ledger,
         skills=SkillLibrary(cfg.loop.skills_dir),
-        executor=make_executor(cfg, log=None),
+        executor=executor,
         proposer=make_proposer(cfg, ledger, run_dir),
         gate_ids=gate_ids,
         final_ids=final_ids,

@@ -69,7 +69,11 @@ SCENARIOS: dict[str, Scenario] = {
     ),
     "entropy_collapse": Scenario(
         "healthy",
-        lambda c, h: _h(c).optimizer.learning_rate >= 1000 * _h(h).optimizer.learning_rate,
+        lambda c, h: (
+            _h(c).optimizer.learning_rate >= 1000 * _h(h).optimizer.learning_rate
+            and _h(c).loss.beta > 0 == _h(h).loss.beta
+            and _h(c).loss.num_iterations == 1
+        ),
         ("entropy_collapse", "repetition"),
     ),
     "nonfinite": Scenario(

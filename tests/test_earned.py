@@ -1,0 +1,96 @@
+"""The earned path, end to end through run_loop: a promotion won in a real trial moves the mainline to the
+candidate, the remember stage turns it into a skill, and a later run with the same library proposes that
+skill first. Nothing is written into the library or the ledger by hand.
+
+The plant: the mainline's harness warms its learning rate up towards a rate that wrecks the test-sized
+policy (0.3 over 1,000 steps: 3e-4 at the segment's one step, climbing to 6e-3 in the trial), so the
+segment leaves the policy where it was and the control then destroys it, while the candidate the
+(scripted, over real HTTP) LLM proposes sets a learning rate that leaves it standing. Measured with
+`evotrainer train` on this setup: after the segment's step the base keeps 0.12 / 0.14 / 0.20 held-out
+accuracy at seeds 0 / 1 / 2, and 20 more steps of the control leave it 0.02 / 0.04 / 0.06. The candidate must
+win the race by a wide margin, be confirmed on fresh seeds beside a control replicate, and be promoted."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from rich.console import Console
+
+from conftest import SEED, small_config
+from evotrainer.loop import run_loop
+from evotrainer.skills.library import SkillLibrary
+from evotrainer.stages.results import read_stage
+from evotrainer.store.ledger import Ledger
+from tests.test_llm_proposer import MODEL, FakeLLM, _iv
+
+QUIET = Console(file=open(os.devnull, "w"))
+NOTHING = '{"interventions": [], "detectors": []}'
+
+
+def _cfg(tmp_path, name: str, skills, **loop):
+    return small_config(
+        tmp_path,
+        run={"name": name, "out_dir": str(tmp_path / "runs"), "seed": SEED},
+        harness={"sampling": {"num_generations": 8, "prompts_per_step": 16, "max_completion_length": 8}}
+        | {"optimizer": {"learning_rate": 0.3, "warmup_steps": 1000}, "reward_weights": {"correct": 1.0}},
+        # No training rollout audited: the validity rules are tested in test_gate.py, and the tiny base's
+        # reward and audit disagree on a tenth of the paid answers, which would count against a wrecked arm.
+        eval={"heldout_size": 100, "audit_fraction": 0.0},
+        gate={"final_fraction": 0.2},  # 80 gate tasks of the 100 this one-digit dataset can hold out
+        loop={
+            "segment_steps": 1,
+            "trial_steps": 20,
+            "race_checkpoints": 1,
+            "candidates": 1,
+            "max_trial_share": 1.0,
+            "max_rounds": 1,
+            "skills_dir": str(skills),
+            **loop,
+        },
+    )
+
+
+def test_a_promotion_earned_in_a_trial_moves_the_mainline_becomes_a_skill_and_is_reused(tmp_path, math_setup):
+    skills = tmp_path / "skills"
+    fake = FakeLLM([json.dumps({"interventions": [_iv("optimizer.learning_rate", 1e-4)], "detectors": []}), NOTHING])
+    try:
+        first = _cfg(tmp_path, "first", skills, proposer="llm")
+        first = first.model_copy(update={"llm": first.llm.model_copy(update={"base_url": fake.url, "model": MODEL})})
+        run_loop(first, QUIET)
+    finally:
+        fake.close()
+    ledger = Ledger(tmp_path / "runs" / "first" / "ledger.sqlite")
+    try:
+        [trial] = ledger.trials()
+        [v] = ledger.verdicts()
+        assert trial["source"] == "llm" and v["decision"] == "promote", v["reasons"]
+        s = v["statistic"]
+        # Won in the race and again on fresh seeds: the effect on record is the confirmation's.
+        assert s["test"] == "two_stage" and s["stage1"]["wins"] > s["stage1"]["losses"] and s["delta"] > 0
+        promoted = read_stage(ledger, 1, "promote")
+        # The mainline continues from the candidate, under the candidate's harness.
+        assert promoted.promoted == trial["id"] and promoted.head.branch == "r01-c1"
+        assert promoted.head.harness.optimizer.learning_rate == 1e-4
+    finally:
+        ledger.close()
+    [skill] = SkillLibrary(skills).all()
+    # A numeric move is kept as its factor (new / old), applied to the current value when reused.
+    assert skill.target == "optimizer.learning_rate" and skill.factor == pytest.approx(1e-4 / 0.3, rel=1e-3)
+    assert [(e.run, e.decision) for e in skill.evidence] == [("first", "promote")]
+    assert skill.lineage["run"] == "first" and skill.lineage["source"] == "llm"
+
+    # A second run with the same library and the heuristic proposer: same seed, same round-1 signature, so
+    # the earned skill is proposed before anything else, trialled, and its verdict added to its evidence.
+    run_loop(_cfg(tmp_path, "second", skills), QUIET)
+    second = Ledger(tmp_path / "runs" / "second" / "ledger.sqlite")
+    try:
+        proposed = read_stage(second, 1, "propose")
+        first_proposal = proposed.proposals[0]
+        assert first_proposal.source == "skill" and first_proposal.skill_id == skill.id
+        assert first_proposal.intervention.value == pytest.approx(1e-4, rel=1e-3)
+        assert second.trials()[0]["skill_id"] == skill.id
+    finally:
+        second.close()
+    assert {e.run for e in SkillLibrary(skills).get(skill.id).evidence} == {"first", "second"}

@@ -149,7 +149,7 @@ def test_a_second_run_proposes_the_first_runs_skill_first(tmp_path, math_setup):
     is too noisy to promote reproducibly in one short round, so the win of run 1's first proposal is
     recorded through the library (as the remember stage does for a promote verdict). Run 2 must then
     propose that skill before anything else, trial it, and add its verdict to the skill's evidence.
-    (The demo config shows the same with a promotion the gate earned: benchmarks/RESULTS.md.)"""
+    (tests/test_earned.py runs the same path with a promotion the gate earned, nothing written by hand.)"""
     skills = tmp_path / "skills"
 
     def cfg(name: str):

@@ -19,7 +19,8 @@ several sittings:
     .venv/bin/python benchmarks/gate_calibration.py [--nulls 24] [--lr-arms 16] [--real-trials 20]
 
 Writes benchmarks/results/gate_calibration.json: one object per K with candidates, false_promotion_rate,
-nominal, power, null_trials, real_null_trials (and the per-start rates and the real trials' outcomes).
+nominal, power, null_trials, real_null_trials (and the per-start rates, the real trials' outcomes, and a
+sensitivity sweep over the noise model's prior, gate.BASE_DOF).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from evotrainer.training.grpo import GRPOTrainer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 PRIORS = (1.0, 4.0, 10.0, 30.0)  # the sensitivity sweep's priors for the noise model
+OWN_BASES = 6  # real null trials on a base of their own; the others share the main job's (see real_null_trial)
 
 
 def with_lr(h: Harness, lr: float) -> Harness:
@@ -206,12 +208,19 @@ def real_null_trial(cfg: RunConfig, work: Path, i: int, k: int) -> dict:
         value=0.5,
         hypothesis=Hypothesis(finding="explore", signal="heldout/accuracy", direction="up"),
     )
-    run = cfg.run.model_copy(update={"name": f"real-null-{i}", "out_dir": work / "real", "seed": 5000 + i})
+    # The first OWN_BASES trials each start from their own warm-started base (run seed 5000 + i: another base
+    # and task split); the rest share the main job's base and move their arms' seeds by the mainline's
+    # attempt counter (what a rollback does), because a warm start per trial costs 700 steps.
+    own = i < OWN_BASES
+    run = cfg.run.model_copy(
+        update={"name": f"real-null-{i}", "out_dir": work / "real", "seed": 5000 + i if own else cfg.run.seed}
+    )
     c = cfg.model_copy(
         update={"run": run, "loop": cfg.loop.model_copy(update={"candidates": k, "max_trial_share": 1.0})}
     )
     ctx = start.open_run(c, resume=(work / "real" / run.name / "ledger.sqlite").exists())
     head = run_stage(ctx, 0, "start", StartResult, lambda: start.start(ctx, lambda *_: None)).head
+    head = head if own else head.model_copy(update={"attempt": 1 + i})
     seg = ArmResult(
         branch="base",
         role="segment",

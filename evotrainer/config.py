@@ -218,10 +218,11 @@ class LoopSection(_Section):
     """Checkpoints at which the arms are evaluated on the gate tasks during a trial (evenly spaced);
     a candidate that cannot win stops there. 0: every arm runs its full length."""
     max_trial_share: float = Field(0.25, gt=0.0, le=1.0)
-    """Largest share of the generated-token budget (of the run's spend, without a token cap) that arms
-    which end discarded may take: race losers, confirmations, A-A arms, and the control or the winner
-    that the mainline does not continue from. A round that would pass it trials fewer candidates, or
-    none, and the mainline trains on."""
+    """Largest share of the generated-token budget that arms which end discarded may take: race losers,
+    confirmations, A-A arms, and the control or the winner that the mainline does not continue from. A
+    round races only as many candidates as fit with the confirmation their winner would need, or none,
+    and the mainline trains on. Without budget.generated_tokens there is no total to take a share of and
+    it does not bind (the other budgets do)."""
     reject_expiry_steps: int = Field(60, ge=0)
     """A rejected intervention may be proposed again under the same signature once the mainline has moved
     on: after a promotion, or this many steps (0: only after a promotion)."""

@@ -111,8 +111,10 @@ def test_the_trial_share_cap_cuts_the_candidates_a_round_may_race(tmp_path, math
             "candidates": 2,
             "max_rounds": 1,
             "skills_dir": str(tmp_path / "skills"),
-            "max_trial_share": 0.05,
+            "max_trial_share": 0.01,
         },
+        # 1% of 200k tokens: less than one 2-step arm's race share plus the confirmation it would need.
+        budget={"generated_tokens": 200_000},
     )
     summary = run_loop(cfg, Console(file=io.StringIO()))
     ledger = Ledger(tmp_path / "runs" / "t" / "ledger.sqlite")

@@ -67,7 +67,7 @@ def trial(
         bool(cfg.loop.race_checkpoints),
         aa_due,
         cfg.gate.statistic == "two_stage",
-        lambda extra: _within_share(ctx, kept, extra, full),
+        lambda extra: _within_share(ctx, kept, extra),
     )
     note = "" if k == len(survivors) else f"{k} of {len(survivors)} candidate(s) within loop.max_trial_share"
     aa_due = aa_due and k > 0
@@ -147,15 +147,17 @@ def _finalist(
     if j is None:
         return None, note
     losers = sum(a.generated_tokens + a.eval_tokens for i, a in enumerate(raced, 1) if i != j)
-    if not _within_share(ctx, kept, confirm_tokens + losers, control.generated_tokens + control.eval_tokens):
+    if not _within_share(ctx, kept, confirm_tokens + losers):
         return None, "; ".join(x for x in (note, "the confirmation would pass loop.max_trial_share") if x)
     return j, note
 
 
-def _within_share(ctx: RunContext, kept: set[str], extra: int, kept_now: int) -> bool:
+def _within_share(ctx: RunContext, kept: set[str], extra: int) -> bool:
     """Whether `extra` more discarded tokens keep the arms that end discarded within loop.max_trial_share of
-    the token budget; without a token cap, of the spend so far plus this round's (`kept_now`: the
-    control, which carries the mainline, and `extra`)."""
+    the token budget. Without a token budget there is no total to take a share of: a share of the spend
+    so far would forbid every confirmable trial in the early rounds (round 1 has spent one segment), so
+    the share does not bind and the other budgets bound the trials."""
+    if not ctx.cfg.budget.generated_tokens:
+        return True
     s = spend(ctx.ledger, kept)
-    total = ctx.cfg.budget.generated_tokens or (s.tokens + kept_now + extra)
-    return s.tokens_discarded + extra <= ctx.cfg.loop.max_trial_share * total
+    return s.tokens_discarded + extra <= ctx.cfg.loop.max_trial_share * ctx.cfg.budget.generated_tokens

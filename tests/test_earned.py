@@ -23,7 +23,7 @@ from evotrainer.loop import run_loop
 from evotrainer.skills.library import SkillLibrary
 from evotrainer.stages.results import read_stage
 from evotrainer.store.ledger import Ledger
-from tests.test_llm_proposer import MODEL, FakeLLM, _iv
+from fake_llm import MODEL, FakeLLM, iv
 
 QUIET = Console(file=open(os.devnull, "w"))
 NOTHING = '{"interventions": [], "detectors": []}'
@@ -54,7 +54,7 @@ def _cfg(tmp_path, name: str, skills, **loop):
 
 def test_a_promotion_earned_in_a_trial_moves_the_mainline_becomes_a_skill_and_is_reused(tmp_path, math_setup):
     skills = tmp_path / "skills"
-    fake = FakeLLM([json.dumps({"interventions": [_iv("optimizer.learning_rate", 1e-4)], "detectors": []}), NOTHING])
+    fake = FakeLLM([json.dumps({"interventions": [iv("optimizer.learning_rate", 1e-4)], "detectors": []}), NOTHING])
     try:
         first = _cfg(tmp_path, "first", skills, proposer="llm")
         first = first.model_copy(update={"llm": first.llm.model_copy(update={"base_url": fake.url, "model": MODEL})})

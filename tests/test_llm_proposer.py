@@ -9,11 +9,7 @@ from __future__ import annotations
 import json
 import os
 import socket
-import threading
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 from rich.console import Console
@@ -33,100 +29,10 @@ from evotrainer.stages.evidence import past_verdicts
 from evotrainer.stages.results import read_stage
 from evotrainer.store.ledger import Ledger
 from evotrainer.store.rollouts import RolloutStore
+from fake_llm import MODEL, FakeLLM, iv
 from tests.conftest import small_config
 
 QUIET = Console(file=open(os.devnull, "w"))
-MODEL = "scripted-model"
-Script = str | int | Callable[[dict], str]
-
-
-class FakeLLM:
-    """GET /v1/models and POST /v1/chat/completions over HTTP. Each completion takes the next scripted
-    reply: a string (the content), an int (that HTTP status, an error) or a function of the request.
-    A one-token request (the start-up probe) is answered without using the script."""
-
-    def __init__(self, script: list[Script] = (), models: tuple[str, ...] = (MODEL,)):
-        self.script, self.models, self.requests = list(script), models, []
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _send(self, code: int, body: dict) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self) -> None:
-                if self.path.rstrip("/") == "/v1/models":
-                    self._send(
-                        200,
-                        {
-                            "object": "list",
-                            "data": [{"id": m, "object": "model", "created": 0, "owned_by": "t"} for m in fake.models],
-                        },
-                    )
-                else:
-                    self._send(404, {"error": {"message": "not found"}})
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                if body.get("model") not in fake.models:
-                    return self._send(404, {"error": {"message": f"model {body.get('model')} not found"}})
-                if body.get("max_tokens") == 1:
-                    return self._send(200, _completion("o", 1, 1))
-                fake.requests.append(body)
-                nxt = fake.script.pop(0) if fake.script else '{"interventions": []}'
-                if isinstance(nxt, int):
-                    return self._send(nxt, {"error": {"message": f"scripted {nxt}"}})
-                content = nxt(body) if callable(nxt) else nxt
-                prompt = sum(len(m["content"]) for m in body["messages"]) // 4
-                self._send(200, _completion(content, prompt, len(content) // 4))
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-    def prompt(self, k: int = -1) -> str:
-        return "\n".join(m["content"] for m in self.requests[k]["messages"])
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def _completion(content: str, prompt_tokens: int, completion_tokens: int) -> dict:
-    return {
-        "id": "c",
-        "object": "chat.completion",
-        "created": 0,
-        "model": MODEL,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
-    }
-
-
-def _iv(target: str, value: Any, kind: str = "set_knob", finding: str = "explore") -> dict:
-    return {
-        "kind": kind,
-        "target": target,
-        "value": value,
-        "hypothesis": {"finding": finding, "signal": "heldout/accuracy", "direction": "up", "rationale": "test"},
-    }
-
-
 VALID_SQL = {
     "name": "long_answers",
     "sql": "SELECT id FROM rollouts WHERE completion_tokens >= 1 ORDER BY reward DESC, step DESC, id",
@@ -154,7 +60,7 @@ def llm_run(tmp_path_factory, math_setup):
     first = json.dumps(
         {
             "diagnosis": "groups look alike",
-            "interventions": [_iv("sampling.temperature", 1.3)],
+            "interventions": [iv("sampling.temperature", 1.3)],
             "detectors": [VALID_SQL, {**VALID_SQL, "name": "peek", "sql": "SELECT id FROM heldout"}],
         }
     )
@@ -280,14 +186,14 @@ def test_unusable_output_is_reasked_once_then_dropped_and_recorded(llm_run, tmp_
 def test_multi_factor_out_of_range_and_evaluator_targets_are_refused_with_reasons_fed_back(llm_run, tmp_path):
     cfg, _, _, run_dir = llm_run
     bad = [
-        _iv("sampling.temperature", 9.0),
-        _iv("sampling", {"temperature": 1.2, "top_p": 0.9}),
-        _iv("eval.heldout_size", 1),
-        _iv("gate.level", 0.51),
-        _iv("suite_version", "s-0"),
-        {**_iv("loss.epsilon", 0.3), "bound": True},
+        iv("sampling.temperature", 9.0),
+        iv("sampling", {"temperature": 1.2, "top_p": 0.9}),
+        iv("eval.heldout_size", 1),
+        iv("gate.level", 0.51),
+        iv("suite_version", "s-0"),
+        {**iv("loss.epsilon", 0.3), "bound": True},
     ]
-    fake = FakeLLM([json.dumps({"interventions": bad}), json.dumps({"interventions": [_iv("loss.epsilon", 0.3)]})])
+    fake = FakeLLM([json.dumps({"interventions": bad}), json.dumps({"interventions": [iv("loss.epsilon", 0.3)]})])
     try:
         out = _proposer(cfg, fake, tmp_path).propose(_brief(cfg, run_dir, limit=1)).proposals
     finally:

@@ -141,11 +141,9 @@ def _arm(tmp_path: Path, cfg, start: Path, name: str) -> ArmSpec:
 
 def test_a_worker_that_cannot_read_the_parent_checkpoint_fails_at_once(tmp_path, math_setup, node):
     cfg, _, _ = math_setup
-    t0 = time.perf_counter()
     with pytest.raises(ConfigError, match=r"cannot read the parent checkpoint .*elsewhere.*shared storage"):
         RayExecutor(cpus_per_arm=1).run([_arm(tmp_path, cfg, tmp_path / "elsewhere", "a")])
     assert not (tmp_path / "checkpoints").exists()  # refused before the arm wrote anything
-    assert time.perf_counter() - t0 < 60  # no retry, no training
 
 
 def test_a_batch_larger_than_the_node_runs_in_turns_and_a_worker_lost_once_is_retried(tmp_path, math_setup, node):

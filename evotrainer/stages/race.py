@@ -60,18 +60,13 @@ def trial(
     aa_due = bool(survivors) and (
         cfg.gate.aa_control == "round" or (cfg.gate.aa_control == "promotion" and head.aa_due)
     )
-    full = per_step * steps
+    full, confirms = per_step * steps, cfg.gate.statistic == "two_stage"
     k = race_size(
-        len(survivors),
-        full,
-        bool(cfg.loop.race_checkpoints),
-        aa_due,
-        cfg.gate.statistic == "two_stage",
-        lambda extra: _within_share(ctx, kept, extra),
+        len(survivors), full, bool(cfg.loop.race_checkpoints), aa_due, confirms, lambda x: _within_share(ctx, kept, x)
     )
     note = "" if k == len(survivors) else f"{k} of {len(survivors)} candidate(s) within loop.max_trial_share"
     aa_due = aa_due and k > 0
-    n_arms = 1 + k + aa_due + (2 if k and cfg.gate.statistic == "two_stage" else 0)  # with the confirmation's
+    n_arms = 1 + k + aa_due + (2 if k and confirms else 0)  # with the confirmation's two
     if cap := over_budget(cfg, ctx.ledger.spent(), Charge(per_step * steps * n_arms)):
         return TrialResult(
             arms=[], abandoned=f"budget.{cap} would be exceeded by {n_arms} arm(s) of {steps} steps"
@@ -86,7 +81,7 @@ def trial(
     raced = _run(ctx, rnd, specs[1:])
     arms = [control, *raced]
     j = None
-    if k and cfg.gate.statistic == "two_stage":
+    if k and confirms:
         j, note = _finalist(ctx, head, control, raced, k, kept, 3 * full, note)
     if j is not None:
         confirm = [

@@ -23,3 +23,8 @@ class EvaluatorChanged(UserError):
 class InfrastructureError(UserError):
     """The run stopped for a reason outside it: a worker or node that ran an arm was lost (twice, with its
     retry). Nothing committed is lost: `evotrainer resume` redoes the unfinished stage."""
+
+
+class AuditUnavailable(Exception):
+    """The evaluator's own machinery (a sandbox, a test runner) failed while auditing a rollout: there is
+    no verdict on the policy. Recorded as an infrastructure failure, never as a policy failure."""

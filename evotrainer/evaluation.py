@@ -8,7 +8,7 @@ import hashlib
 import inspect
 import json
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
@@ -17,7 +17,7 @@ from rich.progress import Progress
 
 from evotrainer import sandbox, types
 from evotrainer.config import EvalSection, RunConfig
-from evotrainer.envs.env import Domain
+from evotrainer.envs.env import Domain, audit_verdict
 from evotrainer.harness.rewards import score
 from evotrainer.policies import hf
 from evotrainer.policies.hf import HFPolicy
@@ -33,9 +33,12 @@ CHUNK = 128
 @dataclass
 class EvalResult:
     accuracy: float
-    outcomes: dict[str, bool]  # task id -> audit passed
+    outcomes: dict[str, bool]  # task id -> audit passed; a task whose audit had no verdict is absent
     episodes: list[Episode]
     evaluator_hash: str
+    infra_failures: list[str] = field(default_factory=list)
+    """Tasks whose audit the evaluator's machinery could not run (twice): no verdict, so they are in
+    neither the accuracy nor a gate pair, never counted as the policy's failure."""
 
 
 # Packages whose version can change an outcome on any domain (decoding); a domain names its scorers'.
@@ -130,9 +133,11 @@ def evaluate(
         )
         if progress:
             progress.update(bar, advance=len(chunk))
-    outcomes = {ep.task.id: bool(domain.audit(ep.task, ep.turns, ep.info)) for ep in episodes}
+    verdicts = {ep.task.id: audit_verdict(domain, ep.task, ep.turns, ep.info) for ep in episodes}
+    outcomes = {t: v for t, v in verdicts.items() if v is not None}
     acc = sum(outcomes.values()) / max(len(outcomes), 1)
-    return EvalResult(acc, outcomes, episodes, evaluator_hash(domain, tasks, cfg))
+    infra = [t for t, v in verdicts.items() if v is None]
+    return EvalResult(acc, outcomes, episodes, evaluator_hash(domain, tasks, cfg), infra)
 
 
 def record_eval(
@@ -141,7 +146,7 @@ def record_eval(
     """Held-out rollouts go to the store too, with their audit outcome, so findings can cite them."""
     h = cfg.harness
     scored = [score(h, domain, ep.task, ep.turns, ep.info, ep.termination) for ep in result.episodes]
-    audits = [result.outcomes[ep.task.id] for ep in result.episodes]
+    audits = [result.outcomes.get(ep.task.id) for ep in result.episodes]
     store.append(
         to_rollouts(
             result.episodes,

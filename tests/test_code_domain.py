@@ -8,6 +8,9 @@ import gzip
 import json
 import os
 import random
+import signal
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -19,7 +22,7 @@ from evotrainer.diagnostics.suite import BUILTIN
 from evotrainer.diagnostics.window import open_window
 from evotrainer.envs.code import tasks as ct
 from evotrainer.envs.code.domain import DRIVER, CodeDomain, hardcoded_fraction
-from evotrainer.envs.env import check_env
+from evotrainer.envs.env import audit_verdict, check_env
 from evotrainer.envs.registry import make_domain
 from evotrainer.errors import ConfigError
 from evotrainer.store.rollouts import RolloutStore
@@ -419,3 +422,54 @@ def test_real_humaneval_canonical_solutions_pass(tmp_path):
         turns, info = play(d, task, "    return None\n")
         assert not d.audit(task, turns, info)
     d.close()
+
+
+# -- a sandbox worker lost mid-job: infrastructure, never the policy's failure ------------------------------
+def _kill_busy_workers(pool, times: int) -> threading.Thread:
+    """Kill the pool's busy worker (its whole sandbox, as a lost machine would) `times` times, each
+    while a job is running in it."""
+
+    def run() -> None:
+        for _ in range(times):
+            deadline = time.monotonic() + 60
+            busy: list = []
+            while not busy and time.monotonic() < deadline:
+                with pool._lock:
+                    busy = [w for w in pool._all if w not in pool._idle and w.proc.poll() is None]
+                time.sleep(0.01)
+            time.sleep(0.3)  # the job sleeps 1.5 s: it is mid-job now
+            w = busy[0]  # SIGKILL from outside: the namespace's first process (the worker) and its group
+            if w.ns_fd is not None:
+                signal.pidfd_send_signal(w.ns_fd, signal.SIGKILL)
+            os.killpg(w.proc.pid, signal.SIGKILL)
+            while w in pool._all:  # until the pool has noticed and dropped it
+                time.sleep(0.01)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def test_a_worker_killed_mid_job_is_an_infrastructure_failure_and_the_next_job_runs(domain):
+    task = next(t for t in domain.tasks("heldout") if t.data["family"] == "arith")
+    body = solutions(task)["correct"]
+    slow = "    import sys, time\n    if not hasattr(sys, 'slept'):\n        sys.slept = time.sleep(1.5)\n" + body
+    # The rollout: the env's run is lost; the rollout says sandbox error, masked from the loss.
+    killer = _kill_busy_workers(domain.pool, 1)
+    turns, info = play(domain, task, slow)
+    killer.join()
+    assert info["termination"] == "error" and info["exec"] == "sandbox" and "died" in info["error"]
+    # The audit: lost once, retried on a fresh worker, and the verdict is the policy's (correct).
+    killer = _kill_busy_workers(domain.pool, 1)
+    assert audit_verdict(domain, task, turns, info) is True and "audit_infra_error" not in info
+    killer.join()
+    # Lost on both tries: no verdict (None, not False), the reason on info, and no exception.
+    turns, info = play(domain, task, slow)
+    assert info["exec"] == "ok" and info["visible_passed"] == info["visible_total"], info
+    domain._hidden.clear()  # the audit must run the hidden tests again, in the sandbox
+    killer = _kill_busy_workers(domain.pool, 2)
+    assert audit_verdict(domain, task, turns, info) is None and "died" in info["audit_infra_error"]
+    killer.join()
+    # The pool replaced its workers: the next job runs, and a wrong program still fails its audit.
+    turns, info = play(domain, task, solutions(task)["wrong"])
+    assert info["exec"] in ("ok", "exception") and audit_verdict(domain, task, turns, info) is False

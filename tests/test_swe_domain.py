@@ -14,7 +14,7 @@ from evotrainer.config import load_config
 from evotrainer.diagnostics.detector import check_detector
 from evotrainer.diagnostics.suite import BUILTIN, Suite
 from evotrainer.diagnostics.window import open_window
-from evotrainer.envs.env import check_env
+from evotrainer.envs.env import audit_verdict, check_env
 from evotrainer.envs.registry import make_domain
 from evotrainer.envs.swe.demos import SHORTCUT, plan
 from evotrainer.envs.swe.domain import SweDomain
@@ -219,6 +219,17 @@ def test_a_failing_sandbox_ends_the_episode_as_an_infrastructure_error():
     assert (
         info["termination"] == "error" and "closed" in info["infra_error"] and obs[-1] == "" and not info["tool_error"]
     )
+
+
+def test_a_failing_sandbox_during_the_audit_is_no_verdict_never_a_fail(domain):
+    task = domain.tasks("heldout")[0]
+    turns, info, _ = play(domain, task, fix_actions(task))
+    pool = WorkerPool()
+    pool.close()
+    broken = SweDomain(seed=0, levels=[0, 1, 2], train_size=240, heldout_size=60, runner=SandboxRunner(pool=pool))
+    noted = dict(info)  # retried, then no verdict and the reason on info; no exception
+    assert audit_verdict(broken, task, turns, noted) is None and "closed" in noted["audit_infra_error"]
+    assert audit_verdict(domain, task, turns, info) is True  # the same episode, audited by a working sandbox
 
 
 # -- tampering: the visible reward pays, the audit does not ---------------------------------------------------

@@ -7,6 +7,7 @@ import random
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from evotrainer.errors import AuditUnavailable
 from evotrainer.types import Task, Turn
 
 # A reward term: (task, turns, final info) -> float. Plain callables, looked up by name.
@@ -48,8 +49,25 @@ class Domain(Protocol):
     def demonstration(self, task: Task, rng: random.Random) -> Demonstration: ...
 
     def audit(self, task: Task, turns: list[Turn], info: dict[str, Any]) -> bool:
-        """Evaluator-owned, stricter than any reward term, independent of the harness."""
+        """Evaluator-owned, stricter than any reward term, independent of the harness. Raises
+        AuditUnavailable when the evaluator's own machinery failed (no verdict on the policy)."""
         ...
+
+
+AUDIT_TRIES = 2  # a sandbox worker lost once is replaced by the pool; twice in a row is not a blip
+
+
+def audit_verdict(domain: Domain, task: Task, turns: list[Turn], info: dict[str, Any]) -> bool | None:
+    """The domain's audit, tried again once if its machinery failed; None (no verdict, an infrastructure
+    failure, noted on `info` as `audit_infra_error`) if it failed twice. Never a pass or fail the policy
+    did not earn, and never a crash of the evaluation that asked."""
+    for attempt in range(AUDIT_TRIES):
+        try:
+            return bool(domain.audit(task, turns, info))
+        except AuditUnavailable as e:
+            if attempt == AUDIT_TRIES - 1:
+                info["audit_infra_error"] = str(e)[:300]
+    return None
 
 
 class EnvCheckError(AssertionError):

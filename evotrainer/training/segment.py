@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from evotrainer.envs.env import Domain
+from evotrainer.envs.env import Domain, audit_verdict
 from evotrainer.harness.filters import trainable
 from evotrainer.harness.harness import Curriculum, Harness
 from evotrainer.harness.rewards import term_values, total_reward
@@ -231,7 +231,7 @@ def train_step(
     audited = audit_sample(len(b.episodes), audit_fraction, ctx.seed, step)
     audits: list[bool | None] = [None] * len(b.episodes)
     for i in audited:
-        audits[i] = bool(domain.audit(b.episodes[i].task, b.episodes[i].turns, b.episodes[i].info))
+        audits[i] = audit_verdict(domain, b.episodes[i].task, b.episodes[i].turns, b.episodes[i].info)
     metrics.update(step_metrics(h, b, keep, audits, audited))
     metrics.update({"gen_seconds": gen_seconds, "seconds": time.perf_counter() - t0})
     if store is not None:
@@ -285,8 +285,11 @@ def step_metrics(
         "turn_cap_ratio": sum(ep.termination == "turn_cap" for ep in episodes) / n,
         "tokens_generated": float(n_tok),
     }
-    if audited:
-        m["audit/pass_rate"] = float(np.mean([audits[i] for i in audited]))
+    verdicts = [audits[i] for i in audited if audits[i] is not None]  # None: the audit's sandbox failed
+    if verdicts:
+        m["audit/pass_rate"] = float(np.mean(verdicts))
+    if len(verdicts) < len(audited):
+        m["audit/infra_failures"] = float(len(audited) - len(verdicts))
     for name, weight in h.reward_weights.items():
         m[f"reward_weights/{name}"] = float(weight)  # which terms were paid, for the detectors
     for name in b.terms[0]:

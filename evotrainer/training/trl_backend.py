@@ -20,7 +20,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from transformers import PrinterCallback, TrainerCallback
 
 from evotrainer.config import RunConfig
-from evotrainer.envs.env import Domain
+from evotrainer.envs.env import Domain, audit_verdict
 from evotrainer.errors import ConfigError
 from evotrainer.harness.export import export
 from evotrainer.harness.filters import trainable
@@ -312,7 +312,7 @@ class _Recorder(TrainerCallback):
         audits: list[bool | None] = [None] * len(b.episodes)
         for i in audited:
             ep = b.episodes[i]
-            audits[i] = bool(self.b.domain.audit(ep.task, ep.turns, ep.info))
+            audits[i] = audit_verdict(self.b.domain, ep.task, ep.turns, ep.info)
         m = step_metrics(h, b, keep, audits, audited)
         m["tokens_trained"] = float(sum(ep.action_tokens for ep, k in zip(b.episodes, keep) if k))
         m |= self.logs

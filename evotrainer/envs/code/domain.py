@@ -24,6 +24,7 @@ from typing import Any
 
 from evotrainer.envs.code import tasks as ct
 from evotrainer.envs.code.config import CodeConfig
+from evotrainer.errors import AuditUnavailable
 from evotrainer.sandbox import Limits, WorkerPool
 from evotrainer.types import Task, Turn
 
@@ -306,6 +307,9 @@ class CodeDomain:
             kind, n_vis = "asserts", len(d["visible_tests"])
         try:
             res = self.pool.run_python(DRIVER, {"solution.py": program}, self.limits, json.dumps(job))
+            # The pool's answer for a worker lost mid-job (the only "error" with no exit code).
+            if res.termination == "error" and res.returncode is None:
+                raise OSError(res.stderr)
         except OSError as e:  # the sandbox itself failed: infrastructure, not the policy
             return {
                 "termination": "error",
@@ -360,8 +364,8 @@ class CodeDomain:
         if len(turns) != 1:
             return False
         key = (task.id, turns[0].action)
-        if key not in self._hidden:
-            self.execute(task, turns[0].action)
+        if key not in self._hidden and (out := self.execute(task, turns[0].action)).get("exec") == "sandbox":
+            raise AuditUnavailable(f"the sandbox failed running {task.id}'s hidden tests: {out['error']}")
         return self._hidden[key]
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from evotrainer.envs.swe.config import SweConfig
 from evotrainer.envs.swe.repos import LEVELS, Repo, generate
 from evotrainer.envs.swe.runner import TestReport, run_in_process, sandbox_runner
+from evotrainer.errors import AuditUnavailable
 from evotrainer.types import Task, Turn
 
 COMMANDS = "ls | cat FILE [A-B] | grep TEXT | replace FILE LINE[-END] TEXT | test | submit"
@@ -358,7 +359,10 @@ class SweDomain:
             if name in files and name not in d["test_files"]:
                 files[name] = text
         files.update(d["hidden"])
-        report = self.runner()(files, list(d["test_files"]) + sorted(d["hidden"]))
+        try:
+            report = self.runner()(files, list(d["test_files"]) + sorted(d["hidden"]))
+        except Exception as e:  # whatever the sandbox raises: the evaluator's machinery, not the policy
+            raise AuditUnavailable(f"the sandbox failed running {task.id}'s hidden tests: {e}"[:300]) from e
         return (
             not report.run_failure
             and not report.collection_errors

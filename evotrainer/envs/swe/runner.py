@@ -290,6 +290,8 @@ class SandboxRunner:
             sandbox_source(test_files, select), files=files, limits=self.limits, stdin=secret + "\n"
         )
         self.runs += 1
+        if res.termination == "error" and res.returncode is None:  # the pool lost its worker mid-job
+            raise OSError(res.stderr)  # infrastructure: neither a report on the code nor one to cache
         report = parse_output(res.stdout, res.termination, secret)
         self._cache[key] = report
         if len(self._cache) > self.cache_size:

@@ -10,8 +10,10 @@ ones an uninterrupted run with the same seed makes."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
+from pydantic import BaseModel
 from rich.console import Console
 
 from evotrainer.backtest import gate
@@ -20,7 +22,7 @@ from evotrainer.config import RunConfig
 from evotrainer.report import write_report
 from evotrainer.report.console import Narrator
 from evotrainer.stages import decide, evidence, race, retention, search, start
-from evotrainer.stages.context import RunContext, run_stage
+from evotrainer.stages.context import RunContext, StageRecords, run_stage
 from evotrainer.stages.results import (
     DiagnoseResult,
     FinalResult,
@@ -37,6 +39,35 @@ from evotrainer.stages.results import (
 from evotrainer.store.files import atomic_write_json
 from evotrainer.types import branch_id
 
+R = TypeVar("R", bound=BaseModel)
+_stop_signal = 0  # a signal's number once the CLI's handler has asked the run to stop; 0 while it runs
+
+
+class Stopped(Exception):
+    """A signal (SIGTERM, SIGINT) asked the run to stop, and it did at a stage boundary: every stage up to
+    the one named is committed, and `evotrainer resume` continues from the next."""
+
+    def __init__(self, run_dir: str, rnd: int, stage: str, signum: int):
+        self.exit_code = 128 + signum  # the shell's convention for a process ended by that signal
+        super().__init__(
+            f"stopped at a stage boundary after round {rnd} stage {stage}; `evotrainer resume {run_dir}` continues"
+        )
+
+
+def request_stop(signum: int) -> None:
+    """Stop at the next stage boundary. Only a flag: a signal handler runs between any two bytecodes,
+    perhaps inside a ledger transaction, so it must not do the stopping itself."""
+    global _stop_signal
+    _stop_signal = signum
+
+
+def stage(ctx: RunContext, rnd: int, name: str, model: type[R], work: Callable[[], tuple[R, StageRecords]]) -> R:
+    """run_stage, then a stop if one was asked for: the stage's records and done mark are committed."""
+    result = run_stage(ctx, rnd, name, model, work)
+    if _stop_signal:
+        raise Stopped(str(ctx.run_dir), rnd, name, _stop_signal)
+    return result
+
 
 def run_loop(
     cfg: RunConfig, console: Console | None = None, resume: bool = False, accept_evaluator_change: bool = False
@@ -44,7 +75,7 @@ def run_loop(
     tell = Narrator(console or Console())
     # -- 0. open the run: every config mistake is caught before anything is written --------------------------
     ctx = start.open_run(cfg, resume, accept_evaluator_change)
-    started = run_stage(ctx, 0, "start", StartResult, lambda: start.start(ctx, tell.say))
+    started = stage(ctx, 0, "start", StartResult, lambda: start.start(ctx, tell.say))
     head = started.head
     tell.opened(str(ctx.run_dir), cfg.env.domain, len(ctx.gate_ids), len(ctx.final_ids), started.final_accuracy)
     rnd, stop_reason = 0, ""
@@ -55,7 +86,7 @@ def run_loop(
         head, stop_reason = run_round(ctx, tell, rnd, head)
         # -- 10. retention: the round is decided; checkpoints nothing will fork from again give back their disk --
         tell.pruned(retention.prune(ctx.ledger, ctx.run_dir, cfg.run.keep_checkpoints, rnd, head.branch))
-    # -- the end: one read of the final tasks, the summary, the report ------------------------------------------
+    # -- the end: one read of the final tasks, the summary, the report (a stop asked for now waits for them) ------
     done = run_stage(ctx, 0, "final", FinalResult, lambda: start.final(ctx, head, stop_reason, rnd - 1))
     summary = start.summary(ctx, started, done)
     atomic_write_json(ctx.run_dir / "summary.json", summary, indent=2)
@@ -72,19 +103,19 @@ def run_round(ctx: RunContext, tell: Narrator, rnd: int, head: Mainline) -> tupl
     harness, suite = head.harness, head.suite
     tell.round(rnd, head)
     # -- 1. train the mainline for a segment -----------------------------------------------------------------
-    seg = run_stage(ctx, rnd, "train", ArmResult, lambda: evidence.train(ctx, rnd, head))
+    seg = stage(ctx, rnd, "train", ArmResult, lambda: evidence.train(ctx, rnd, head))
     tell.train(seg)
     # -- 2. diagnose: the suite over the segment, plus what the gate saw on the mainline's last arm ---------------
-    own = run_stage(ctx, rnd, "diagnose", DiagnoseResult, lambda: evidence.diagnose(ctx, suite, seg)).findings
+    own = stage(ctx, rnd, "diagnose", DiagnoseResult, lambda: evidence.diagnose(ctx, suite, seg)).findings
     findings = evidence.dedupe(own + head.carry)
     tell.diagnose(findings)
     # -- 3. revise the suite: recalibrate, induce; a revision that flips a past verdict is refused ---------------
-    revised = run_stage(ctx, rnd, "revise", ReviseResult, lambda: evidence.revise_suite(ctx, suite, seg))
+    revised = stage(ctx, rnd, "revise", ReviseResult, lambda: evidence.revise_suite(ctx, suite, seg))
     suite, own, findings = revised.suite, own + revised.findings, evidence.dedupe(findings + revised.findings)
     tell.revise(revised)
     # -- 4. propose single-factor interventions from the findings and the skill library ------------------------
     window = (seg.first_step, seg.last_step)
-    proposed = run_stage(
+    proposed = stage(
         ctx,
         rnd,
         "propose",
@@ -94,7 +125,7 @@ def run_round(ctx: RunContext, tell: Narrator, rnd: int, head: Mainline) -> tupl
     suite, proposals = proposed.suite, [p.proposal() for p in proposed.proposals]
     tell.propose(proposals)
     # -- 5. replay: re-score the segment's rollouts; drop what changes nothing or worsens the audit AUC -----------
-    replayed = run_stage(
+    replayed = stage(
         ctx, rnd, "replay", ReplayResult, lambda: search.replay_stage(ctx, harness, proposals, findings, seg.branch)
     )
     survivors = [(proposals[k.index], k.replay) for k in replayed.kept]
@@ -103,12 +134,12 @@ def run_round(ctx: RunContext, tell: Narrator, rnd: int, head: Mainline) -> tupl
     # A segment whose own window carries a validity finding is not built on: the arms fork from where the
     # round started, so the remedy is tried on a policy the exploit never touched.
     taint = gate.tainted(own)
-    tried = run_stage(ctx, rnd, "trial", TrialResult, lambda: race.trial(ctx, rnd, head, seg, survivors, taint))
+    tried = stage(ctx, rnd, "trial", TrialResult, lambda: race.trial(ctx, rnd, head, seg, survivors, taint))
     tell.trial(tried, head.branch, taint)
     if tried.abandoned:
         return head.at(seg.branch, seg.checkpoint, seg.last_step), tried.abandoned
     # -- 7. gate: a paired win beyond the A-A noise, no validity finding against it -------------------------------
-    gated = run_stage(
+    gated = stage(
         ctx,
         rnd,
         "gate",
@@ -117,12 +148,12 @@ def run_round(ctx: RunContext, tell: Narrator, rnd: int, head: Mainline) -> tupl
     )
     tell.gate(gated, [p for p, _ in survivors], branch_id(rnd, "control"))
     # -- 8. promote: at most one winner; else the control carries on; else roll back -----------------------------
-    promoted = run_stage(
+    promoted = stage(
         ctx, rnd, "promote", PromoteResult, lambda: decide.promote(ctx, rnd, head, suite, tried, gated, survivors)
     )
     tell.promote(promoted)
     # -- 9. remember: every verdict becomes evidence for (or against) a skill -----------------------------------
-    remembered = run_stage(
+    remembered = stage(
         ctx, rnd, "remember", RememberResult, lambda: decide.remember(ctx, rnd, gated, survivors, proposed.signature)
     )
     tell.remember(remembered)

@@ -1,5 +1,6 @@
 """Resume: a real loop run killed with SIGKILL during training, during a trial and inside a verdict
-write continues without lost or duplicated records and reaches the decisions of an uninterrupted run."""
+write continues without lost or duplicated records and reaches the decisions of an uninterrupted run;
+one stopped by SIGTERM or SIGINT stops at a stage boundary and resumes to the same decisions."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from conftest import small_config
@@ -78,11 +80,15 @@ def _record(run_dir: Path) -> dict:
     }
 
 
-def test_sigkill_at_several_points_then_resume_matches_an_uninterrupted_run(tmp_path, math_setup):
-    ref = _cfg(tmp_path, "ref")
-    run_loop(ref, Console(file=io.StringIO()))
-    expected = _record(tmp_path / "runs" / "ref")
+@pytest.fixture(scope="module")
+def expected(tmp_path_factory, math_setup) -> dict:
+    """The record of one uninterrupted run, which every interrupted one must reach."""
+    tmp = tmp_path_factory.mktemp("ref")
+    run_loop(_cfg(tmp, "ref"), Console(file=io.StringIO()))
+    return _record(tmp / "runs" / "ref")
 
+
+def test_sigkill_at_several_points_then_resume_matches_an_uninterrupted_run(tmp_path, expected):
     cfg = _cfg(tmp_path, "k")
     cfg_file = tmp_path / "k.yaml"
     cfg_file.write_text(dump_config(cfg))
@@ -116,3 +122,43 @@ def test_sigkill_at_several_points_then_resume_matches_an_uninterrupted_run(tmp_
     for key in expected:
         assert got[key] == expected[key], key
     assert expected["verdicts"], "the runs must have decided something"
+
+
+def _stop_when(proc: subprocess.Popen, ready, sig: int) -> str:
+    """Send `sig` once `ready()`; the run's stderr after it exits."""
+    t0 = time.monotonic()
+    while not ready():
+        assert proc.poll() is None, f"the run ended before the stop point: {proc.stderr.read()[-2000:]}"
+        assert time.monotonic() - t0 < 300, "stop point never reached"
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=300)
+    return err
+
+
+def test_sigterm_and_sigint_stop_at_a_stage_boundary_then_resume_matches(tmp_path, expected):
+    cfg = _cfg(tmp_path, "s")
+    cfg_file = tmp_path / "s.yaml"
+    cfg_file.write_text(dump_config(cfg))
+    run_dir = tmp_path / "runs" / "s"
+    shards = run_dir / "store" / "rollouts"
+    # SIGTERM mid-segment: the segment finishes and commits, then the run stops, with no traceback
+    proc = _cli("run", str(cfg_file))
+    err = _stop_when(proc, lambda: (shards / "r01-seg-s000002.parquet").exists(), signal.SIGTERM)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert f"stopped at a stage boundary after round 1 stage train; `evotrainer resume {run_dir}` continues" in err
+    assert "Traceback" not in err
+    ledger = Ledger(run_dir / "ledger.sqlite")
+    assert ledger.last_finished() == (1, "train") and ledger.stage_result(1, "diagnose") is None
+    # SIGINT (Ctrl-C) mid-trial: the trial's arms finish, the stage commits, the run stops
+    proc = _cli("resume", str(run_dir))
+    err = _stop_when(proc, lambda: any(shards.glob("r01-c1-s*.parquet")), signal.SIGINT)
+    assert proc.returncode == 128 + signal.SIGINT, err[-3000:]
+    assert "stopped at a stage boundary after round 1 stage trial" in err and "Traceback" not in err
+    assert Ledger(run_dir / "ledger.sqlite").last_finished() == (1, "trial")
+    proc = _cli("resume", str(run_dir))
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    got = _record(run_dir)
+    for key in expected:
+        assert got[key] == expected[key], key

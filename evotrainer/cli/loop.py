@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import typer
 from rich.live import Live
 from rich.table import Table
 
-from evotrainer.cli.common import console, loop_dir, parse_overrides
+from evotrainer.cli.common import console, err, loop_dir, parse_overrides
 from evotrainer.config import load_config
 
 
@@ -22,7 +23,8 @@ def run(
     until the budget is spent."""
     from evotrainer.loop import run_loop
 
-    run_loop(load_config(config, parse_overrides(set_)), console)
+    cfg = load_config(config, parse_overrides(set_))
+    _until_stopped(lambda: run_loop(cfg, console))
 
 
 def resume(
@@ -37,12 +39,28 @@ def resume(
     from evotrainer.loop import run_loop
 
     cfg = load_config(loop_dir(run) / "config.yaml")
-    run_loop(
-        cfg.model_copy(update={"run": cfg.run.model_copy(update={"out_dir": run.parent, "name": run.name})}),
-        console,
-        resume=True,
-        accept_evaluator_change=accept_evaluator_change,
-    )
+    cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"out_dir": run.parent, "name": run.name})})
+    _until_stopped(lambda: run_loop(cfg, console, resume=True, accept_evaluator_change=accept_evaluator_change))
+
+
+def _until_stopped(work) -> None:
+    """Run the loop; SIGTERM or SIGINT (Ctrl-C) stops it at the next stage boundary, where everything before
+    is committed, and exits 128 + the signal's number. A second signal ends it at once (the default)."""
+    from evotrainer.loop import Stopped, request_stop
+
+    def handler(signum, _frame) -> None:
+        for s in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(s, signal.SIG_DFL)
+        err.print(f"{signal.Signals(signum).name}: stopping at the next stage boundary (again to stop now)")
+        request_stop(signum)
+
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, handler)
+    try:
+        work()
+    except Stopped as e:
+        err.print(str(e), markup=False, highlight=False)
+        raise SystemExit(e.exit_code) from None  # not typer.Exit: standalone_mode=False returns its code
 
 
 def _status_table(run: Path) -> Table:

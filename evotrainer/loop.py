@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from rich.console import Console
 
 from evotrainer.backtest import gate
-from evotrainer.backtest.trial import ArmResult
+from evotrainer.backtest.trial import RESULT, ArmResult
 from evotrainer.config import RunConfig
 from evotrainer.report import write_report
 from evotrainer.report.console import Narrator
@@ -36,6 +36,7 @@ from evotrainer.stages.results import (
     StartResult,
     TrialResult,
 )
+from evotrainer.store.damage import mend
 from evotrainer.store.files import atomic_write_json
 from evotrainer.types import branch_id
 
@@ -75,6 +76,9 @@ def run_loop(
     tell = Narrator(console or Console())
     # -- 0. open the run: every config mistake is caught before anything is written --------------------------
     ctx = start.open_run(cfg, resume, accept_evaluator_change)
+    if resume:  # a file damaged since it stopped: set aside and its arm redone, or named and refused
+        for note in mend(ctx.run_dir, ctx.ledger, ctx.store, RESULT):
+            tell.say(note, markup=False)
     started = stage(ctx, 0, "start", StartResult, lambda: start.start(ctx, tell.say))
     head = started.head
     tell.opened(str(ctx.run_dir), cfg.env.domain, len(ctx.gate_ids), len(ctx.final_ids), started.final_accuracy)

@@ -14,6 +14,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.utils import logging as hf_logging
 
 from evotrainer.policies.policy import Sample
+from evotrainer.store.checkpoints import damaged
+from evotrainer.store.damage import DamagedFile
 from evotrainer.store.files import fsync_dir, fsync_tree
 
 POLICY_FILE = "evotrainer_policy.json"
@@ -84,6 +86,8 @@ class HFPolicy:
         restore_aside(path)
         if not (path / "config.json").exists() and not (path / POLICY_FILE).exists():
             raise FileNotFoundError(f"policy.path: {path} is not a model directory (no config.json)")
+        if bad := damaged(path):  # named here, not as a loader's traceback from deep inside safetensors or torch
+            raise DamagedFile(f"checkpoint file {bad[0][0]}: {bad[0][1]}; restore it, or redo the run that wrote it")
         meta = json.loads((path / POLICY_FILE).read_text()) if (path / POLICY_FILE).exists() else {}
         tok = AutoTokenizer.from_pretrained(path, padding_side="left")
         if meta.get("lora_base"):

@@ -3,6 +3,8 @@ the small JSON and tokenizer files stay, so a pruned arm's result is still read)
 
 from __future__ import annotations
 
+import json
+import zipfile
 from pathlib import Path
 
 # Model weights (safetensors, a sharded or a LoRA adapter's too; torch .bin) and optimizer state (optimizer.pt).
@@ -20,6 +22,39 @@ def weight_files(ckpt: str | Path) -> list[Path]:
 def has_weights(ckpt: str | Path) -> bool:
     """Whether a checkpoint can be loaded and forked from: its model weights are on disk."""
     return any(p.suffix != ".pt" for p in weight_files(ckpt))
+
+
+def damaged(ckpt: str | Path) -> list[tuple[Path, str]]:
+    """(file, what is wrong) for each weight file of a checkpoint that does not read whole. Checked by the
+    format's own bookkeeping, without loading: a safetensors file's header must parse and its tensors end
+    where the file does; a torch.save file (a zip) must have its central directory."""
+    out = []
+    for p in weight_files(ckpt):
+        if why := _safetensors_damage(p) if p.suffix == ".safetensors" else _zip_damage(p):
+            out.append((p, why))
+    return out
+
+
+def _safetensors_damage(p: Path) -> str:
+    size = p.stat().st_size
+    with open(p, "rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if not 0 <= n <= size - 8:
+            return f"truncated safetensors file ({size} bytes, no whole header)"
+        try:
+            tensors = json.loads(f.read(n))
+            end = max((t["data_offsets"][1] for k, t in tensors.items() if k != "__metadata__"), default=0)
+        except (ValueError, KeyError, TypeError, IndexError):
+            return "damaged safetensors header"
+    return "" if 8 + n + end == size else f"truncated safetensors file ({size} bytes of {8 + n + end})"
+
+
+def _zip_damage(p: Path) -> str:
+    with open(p, "rb") as f:
+        if f.read(2) != b"PK":
+            return ""  # not torch.save's zip format (a legacy pickle): nothing cheap to check
+    return "" if zipfile.is_zipfile(p) else f"truncated torch file ({p.stat().st_size} bytes, no zip directory)"
 
 
 def tree_bytes(path: str | Path) -> int:

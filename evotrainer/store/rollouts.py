@@ -172,6 +172,18 @@ class RolloutStore:
                 con.execute(f"CREATE VIEW {view} AS SELECT * FROM _empty_{view}")
         return con
 
+    def unreadable(self) -> list[tuple[Path, str]]:
+        """(shard, why) for each shard whose Parquet footer does not read (truncated, overwritten): a
+        footer-only read per shard, for a resumed run's check and to name the file behind a failed query."""
+        out = []
+        for d in (self.rollout_dir, self.metric_dir, self.finding_dir, self.diagnosis_dir):
+            for p in sorted(d.glob("*.parquet")):
+                try:
+                    pq.read_metadata(p)
+                except (pa.ArrowException, OSError) as e:
+                    out.append((p, f"not a whole Parquet file ({p.stat().st_size} bytes: {str(e)[:80]})"))
+        return out
+
     def sql(self, query: str, params: list[Any] | None = None) -> list[dict[str, Any]]:
         con = self.connect()
         try:

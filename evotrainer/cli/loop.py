@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import signal
+import sqlite3
 import time
 from pathlib import Path
 
@@ -13,6 +16,8 @@ from rich.table import Table
 
 from evotrainer.cli.common import console, err, loop_dir, parse_overrides
 from evotrainer.config import load_config
+from evotrainer.errors import UserError
+from evotrainer.store.checkpoints import human
 
 
 def run(
@@ -24,7 +29,7 @@ def run(
     from evotrainer.loop import run_loop
 
     cfg = load_config(config, parse_overrides(set_))
-    _until_stopped(lambda: run_loop(cfg, console))
+    _until_stopped(cfg.run, lambda: run_loop(cfg, console))
 
 
 def resume(
@@ -40,12 +45,16 @@ def resume(
 
     cfg = load_config(loop_dir(run) / "config.yaml")
     cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"out_dir": run.parent, "name": run.name})})
-    _until_stopped(lambda: run_loop(cfg, console, resume=True, accept_evaluator_change=accept_evaluator_change))
+    _until_stopped(
+        cfg.run, lambda: run_loop(cfg, console, resume=True, accept_evaluator_change=accept_evaluator_change)
+    )
 
 
-def _until_stopped(work) -> None:
+def _until_stopped(run, work) -> None:
     """Run the loop; SIGTERM or SIGINT (Ctrl-C) stops it at the next stage boundary, where everything before
-    is committed, and exits 128 + the signal's number. A second signal ends it at once (the default)."""
+    is committed, and exits 128 + the signal's number. A second signal ends it at once (the default). A full
+    disk stops it with a message naming where (every write is atomic and every stage one transaction, so
+    nothing committed is lost)."""
     from evotrainer.loop import Stopped, request_stop
 
     def handler(signum, _frame) -> None:
@@ -61,6 +70,22 @@ def _until_stopped(work) -> None:
     except Stopped as e:
         err.print(str(e), markup=False, highlight=False)
         raise SystemExit(e.exit_code) from None  # not typer.Exit: standalone_mode=False returns its code
+    except (OSError, sqlite3.OperationalError) as e:
+        if getattr(e, "errno", None) != errno.ENOSPC and "disk is full" not in str(e):
+            raise
+        raise UserError(_no_space(Path(run.out_dir) / run.name, getattr(e, "filename", None))) from None
+
+
+def _no_space(run_dir: Path, filename: str | None) -> str:
+    where = Path(filename) if filename else run_dir
+    try:
+        free = f"{human(shutil.disk_usage(where if where.exists() else run_dir).free)} free"
+    except OSError:
+        free = "free space unknown"
+    return (
+        f"no space left on the device holding {where} ({free}); the run stopped there and nothing it committed "
+        f"is lost: free some space, then `evotrainer resume {run_dir}` redoes the unfinished stage"
+    )
 
 
 def _status_table(run: Path) -> Table:

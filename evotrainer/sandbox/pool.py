@@ -109,10 +109,13 @@ class WorkerPool:
         }
         t0 = time.monotonic()
         with self._free:
-            worker = self._take()
-            res = worker.call(job, lim.wall_seconds + 5.0)
+            worker, patience = self._take(), lim.wall_seconds + 5.0
+            t1 = time.monotonic()
+            res = worker.call(job, patience)
             if res is None:  # died or hung: kill its whole sandbox, start a fresh one next time
-                timed_out = worker.proc.poll() is None
+                # By the clock, not by poll(): the channel closes before bwrap is reaped, so a worker that
+                # died can still look alive for a moment, and a death must not read as a timeout.
+                timed_out = time.monotonic() - t1 >= patience
                 self._drop(worker)
                 return ExecResult(
                     "timeout" if timed_out else "error",

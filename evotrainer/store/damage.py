@@ -40,7 +40,8 @@ def mend(run_dir: Path, ledger: Ledger, store: RolloutStore, arm_result: str) ->
         notes.append(f"{path}: {why}; set aside as {_set_aside(path).name}, and {branch}'s arm is redone")
         (run_dir / "checkpoints" / branch / arm_result).unlink(missing_ok=True)
     ckpts = run_dir / "checkpoints"
-    for ckpt in sorted(p for p in ckpts.iterdir() if p.is_dir()) if ckpts.is_dir() else []:
+    # A save's temporary and set-aside directories (`<branch>.tmp`, `.old`) are no checkpoint: save clears them.
+    for ckpt in sorted(p for p in ckpts.iterdir() if p.is_dir() and "." not in p.name) if ckpts.is_dir() else []:
         for path, why in damaged(ckpt):
             if ckpt.name in committed:
                 raise DamagedFile(

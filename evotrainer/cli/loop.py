@@ -70,10 +70,19 @@ def _until_stopped(run, work) -> None:
     except Stopped as e:
         err.print(str(e), markup=False, highlight=False)
         raise SystemExit(e.exit_code) from None  # not typer.Exit: standalone_mode=False returns its code
-    except (OSError, sqlite3.OperationalError) as e:
-        if getattr(e, "errno", None) != errno.ENOSPC and "disk is full" not in str(e):
+    except Exception as e:
+        if not _disk_full(e):
             raise
         raise UserError(_no_space(Path(run.out_dir) / run.name, getattr(e, "filename", None))) from None
+
+
+def _disk_full(e: Exception) -> bool:
+    """ENOSPC however a writer reports it: an OSError, SQLite's OperationalError, or a library's own error
+    that only says so in its message (safetensors: "No space left on device (os error 28)")."""
+    if isinstance(e, OSError):
+        return e.errno == errno.ENOSPC
+    text = str(e)
+    return (isinstance(e, sqlite3.OperationalError) and "disk is full" in text) or "(os error 28)" in text
 
 
 def _no_space(run_dir: Path, filename: str | None) -> str:

@@ -181,7 +181,7 @@ class RolloutStore:
                 try:
                     pq.read_metadata(p)
                 except (pa.ArrowException, OSError) as e:
-                    out.append((p, f"not a whole Parquet file ({p.stat().st_size} bytes: {str(e)[:80]})"))
+                    out.append((p, f"not a whole Parquet file ({p.stat().st_size} bytes; {str(e).split('. ')[0]})"))
         return out
 
     def sql(self, query: str, params: list[Any] | None = None) -> list[dict[str, Any]]:

@@ -31,6 +31,7 @@ TRAJECTORY_TESTS = [
     "tests/test_revision.py::test_induction_finds_the_planted_exploit",
     "tests/test_training.py",
     "tests/test_race.py",
+    "tests/test_earned.py",
 ]
 
 

@@ -1,0 +1,331 @@
+"""The paper's claims, measured: the loop against a human-engineered reference harness, per domain.
+
+Four arms per domain and seed, one total budget of generated tokens for each (the loop's trials, A-A
+controls and gate evaluations all count against it; a static arm spends all of it on training):
+
+- static_default: the domain's example config (examples/<domain>.yaml), trained unchanged;
+- static_reference: the human-engineered reference (examples/reference/<domain>.yaml), trained unchanged;
+- loop_default / loop_reference: the co-evolution loop started from each, with an empty skill library;
+- loop_default_warm: loop_default again, starting with the skill library loop_default left (skills).
+
+Every arm is read on the same fresh tasks: drawn under another seed, minus every question the seed put in
+its train or held-out split, so no policy trained on them and no gate read them (benchmarks/fresh_read.py).
+Each (domain, arm, seed) is a resumable cell writing benchmarks/results/claims/<domain>-<arm>-<seed>.json
+(a finished cell is skipped; an unfinished loop resumes from its ledger), so the grid runs over sittings:
+
+    .venv/bin/python benchmarks/claims.py cell math loop_default 1      # one cell
+    .venv/bin/python benchmarks/claims.py grid --domains math --seeds 1 2 3
+    .venv/bin/python benchmarks/claims.py aggregate                     # -> benchmarks/results/claims.json
+    .venv/bin/python benchmarks/claims.py sweep math --lr 3e-5 1e-4 3e-4 1e-3   # the human's tuning
+
+The sweep is the reference's tuning: static_reference at each learning rate on TUNING_SEED, read on
+tasks that no benchmark seed trains on, is gated on or is read on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from evotrainer.backtest.trial import ArmSpec, run_arm  # noqa: E402
+from evotrainer.config import RunConfig, load_config  # noqa: E402
+from evotrainer.envs.registry import make_domain  # noqa: E402
+from evotrainer.evaluation import evaluate  # noqa: E402
+from evotrainer.loop import run_loop  # noqa: E402
+from evotrainer.policies import load_policy  # noqa: E402
+from evotrainer.policies.hf import HFPolicy  # noqa: E402
+from evotrainer.stages.results import FinalResult, PromoteResult  # noqa: E402
+from evotrainer.store.ledger import Ledger  # noqa: E402
+from evotrainer.training.grpo import GRPOTrainer  # noqa: E402
+from evotrainer.training.run import seed_everything  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent
+CELLS = ROOT / "results" / "claims"
+DOMAINS = {d: (f"examples/{d}.yaml", f"examples/reference/{d}.yaml") for d in ("math", "code", "swe")}
+ARMS = ("static_default", "static_reference", "loop_default", "loop_reference", "loop_default_warm")
+SEEDS = (1, 2, 3)
+TUNING_SEED = 100  # the sweep's seed: no benchmark seed
+FRESH_SEED = 104_729  # the seed the read tasks are drawn under
+READ_TASKS = 1000
+CHUNK = 10  # static-arm steps per arm call; the arm stops at the first chunk boundary past the budget
+
+
+def arm_config(domain: str, arm: str, seed: int, work: Path, sets: dict) -> RunConfig:
+    path = DOMAINS[domain][1 if arm.endswith("reference") else 0]
+    name = f"{domain}-{arm}-{seed}"
+    # Seconds never decide here (budget.seconds 0): the grid runs beside other jobs, and a load-dependent
+    # stop would make the cells depend on the machine's load. Tokens decide, as in the paper's budget.
+    over = {"run.seed": seed, "run.name": name, "run.out_dir": str(work), "budget.seconds": 0, **sets}
+    over["loop.skills_dir"] = str(work / "skills" / name)
+    return load_config(ROOT.parent / path, over)
+
+
+def read_tasks(cfg: RunConfig, exclude_seeds: tuple[int, ...] = ()) -> list:
+    """READ_TASKS fresh tasks: none in the train or held-out split of cfg's seed or of `exclude_seeds`."""
+    seen = set()
+    for s in (cfg.run.seed, *exclude_seeds):
+        d = make_domain(cfg.model_copy(update={"run": cfg.run.model_copy(update={"seed": s})}))
+        seen |= {t.prompt for split in ("train", "heldout") for t in d.tasks(split)}
+    fresh = cfg.model_copy(
+        update={
+            "run": cfg.run.model_copy(update={"seed": FRESH_SEED}),
+            "eval": cfg.eval.model_copy(update={"heldout_size": 3 * READ_TASKS}),
+        }
+    )
+    return [t for t in make_domain(fresh).tasks("heldout") if t.prompt not in seen][:READ_TASKS]
+
+
+def static_arm(cfg: RunConfig, tokens: int) -> dict:
+    """Train the harness unchanged from the warm-started base until `tokens` are generated."""
+    run_dir = Path(cfg.run.out_dir) / cfg.run.name
+    base = run_dir / "checkpoints" / "base"
+    if not base.exists():  # the trainer saves a checkpoint whole or not at all
+        seed_everything(cfg)
+        domain = make_domain(cfg)
+        GRPOTrainer(load_policy(cfg, domain, log=lambda *_: None), cfg.harness).save(base)
+    start, step, gen = str(base), 1, 0
+    while gen < tokens:
+        r = run_arm(
+            ArmSpec(
+                branch=f"static-{step:06d}",
+                role="segment",
+                run_dir=str(run_dir),
+                config=cfg.model_dump(mode="json"),
+                harness=cfg.harness.model_dump(mode="json"),
+                start=start,
+                seed=cfg.run.seed,
+                first_step=step,
+                steps=CHUNK,
+            )
+        )
+        gen += r.generated_tokens
+        start, step = r.checkpoint, step + CHUNK
+    return {"checkpoint": start, "steps": step - 1, "generated_tokens": gen, "promoted": [], "trajectory": []}
+
+
+def loop_arm(cfg: RunConfig, warm_from: str | None) -> dict:
+    run_dir = Path(cfg.run.out_dir) / cfg.run.name
+    resume = (run_dir / "ledger.sqlite").exists()
+    if warm_from and not resume:
+        shutil.copytree(warm_from, cfg.loop.skills_dir, dirs_exist_ok=True)
+    run_loop(cfg, Console(file=io.StringIO()), resume=resume)
+    ledger = Ledger(run_dir / "ledger.sqlite")
+    rows = ledger.rows("SELECT round, stage, result FROM stages WHERE stage IN ('promote', 'final') ORDER BY round")
+    final = FinalResult.model_validate_json(next(r["result"] for r in rows if r["stage"] == "final"))
+    spent = {
+        r["round"]: r["g"] for r in ledger.rows("SELECT round, sum(generated_tokens) g FROM charges GROUP BY round")
+    }
+    heads = [
+        (r["round"], PromoteResult.model_validate_json(r["result"]).head) for r in rows if r["stage"] == "promote"
+    ]
+    trials = {t["id"]: t for t in ledger.trials()}
+    promoted = [
+        {"round": v["round"], **trials[v["trial"]]["intervention"]}
+        for v in ledger.verdicts()
+        if v["decision"] == "promote"
+    ]
+    invalid = [v for v in ledger.verdicts() if v["decision"] != "promote" and v["findings"]]
+    return {
+        "checkpoint": final.head.checkpoint,
+        "rounds": final.rounds,
+        "stop_reason": final.stop_reason,
+        "generated_tokens": ledger.spent().generated_tokens,
+        "promoted": promoted,
+        "rejected_with_findings": len(invalid),
+        # (tokens spent through round r, the mainline's checkpoint after round r), then the final head:
+        # for the skills read
+        "trajectory": [(sum(g for k, g in spent.items() if k <= rnd), h.checkpoint) for rnd, h in heads]
+        + [(ledger.spent().generated_tokens, final.head.checkpoint)],
+    }
+
+
+def run_cell(domain: str, arm: str, seed: int, work: Path, sets: dict) -> dict:
+    out = CELLS / f"{domain}-{arm}-{seed}.json"
+    if out.exists():
+        return json.loads(out.read_text())
+    cfg = arm_config(domain, arm, seed, work, sets)
+    t0 = time.perf_counter()
+    if arm.startswith("static"):
+        res = static_arm(cfg, cfg.budget.generated_tokens)
+    else:
+        warm = None
+        if arm == "loop_default_warm":
+            cold = arm_config(domain, "loop_default", seed, work, sets)
+            run_cell(domain, "loop_default", seed, work, sets)
+            warm = cold.loop.skills_dir
+        res = loop_arm(cfg, warm)
+    tasks = read_tasks(cfg)
+    ev = evaluate(HFPolicy.load(res["checkpoint"]), make_domain(cfg), tasks, cfg.eval)
+    cell = {
+        "domain": domain,
+        "arm": arm,
+        "seed": seed,
+        "budget_tokens": cfg.budget.generated_tokens,
+        "accuracy": ev.accuracy,
+        "outcomes": ev.outcomes,
+        "evaluator_hash": ev.evaluator_hash,
+        "seconds": time.perf_counter() - t0,
+        "overrides": sets,
+        **{k: v for k, v in res.items() if k != "trajectory"},
+    }
+    if arm.startswith("loop"):  # each round's mainline read on the same tasks: tokens to reach an accuracy
+        cell["trajectory"] = [
+            (tok, evaluate(HFPolicy.load(ck), make_domain(cfg), tasks, cfg.eval).accuracy)
+            for tok, ck in res["trajectory"]
+        ]
+    CELLS.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(cell, indent=1, default=str))
+    tmp.rename(out)  # a cell is done only once whole
+    print(f"{domain} {arm} seed {seed}: accuracy {ev.accuracy:.3f} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    return cell
+
+
+# -- aggregation ----------------------------------------------------------------------------------------
+def paired_interval(a: list[dict], b: list[dict], n_boot: int = 4000, seed: int = 0) -> dict:
+    """Mean accuracy difference a - b over seeds, with a 95% interval from a two-level bootstrap:
+    seeds resampled, then tasks within each seed (both sources of variation, paired by task)."""
+    diffs = []
+    for ca, cb in zip(a, b, strict=True):
+        ids = sorted(set(ca["outcomes"]) & set(cb["outcomes"]))
+        diffs.append(np.array([float(ca["outcomes"][i]) - float(cb["outcomes"][i]) for i in ids]))
+    rng = np.random.default_rng(seed)
+    boot = np.empty(n_boot)
+    for k in range(n_boot):
+        picked = rng.integers(len(diffs), size=len(diffs))
+        boot[k] = np.mean([diffs[j][rng.integers(len(diffs[j]), size=len(diffs[j]))].mean() for j in picked])
+    return {
+        "delta": float(np.mean([d.mean() for d in diffs])),
+        "ci_low": float(np.quantile(boot, 0.025)),
+        "ci_high": float(np.quantile(boot, 0.975)),
+    }
+
+
+def tokens_to_reach(trajectory: list, target: float) -> int | None:
+    return next((int(tok) for tok, acc in trajectory if acc >= target), None)
+
+
+def aggregate() -> dict:
+    cells = [json.loads(p.read_text()) for p in sorted(CELLS.glob("*.json"))]
+    by = {(c["domain"], c["arm"], c["seed"]): c for c in cells}
+    out: dict = {}
+    for domain in DOMAINS:
+        seeds = sorted({s for (d, a, s) in by if d == domain and a in ARMS[:4]})
+        full = [s for s in seeds if all((domain, a, s) in by for a in ARMS[:4])]
+        if not full:
+            continue
+        arms = {a: [by[domain, a, s]["accuracy"] for s in full] for a in ARMS[:4]}
+        out[domain] = {
+            "budget_tokens": by[domain, "loop_default", full[0]]["budget_tokens"],
+            "seeds": full,
+            **arms,
+            "loop_default_vs_reference": paired_interval(
+                [by[domain, "loop_default", s] for s in full], [by[domain, "static_reference", s] for s in full]
+            ),
+            "loop_reference_vs_reference": paired_interval(
+                [by[domain, "loop_reference", s] for s in full], [by[domain, "static_reference", s] for s in full]
+            ),
+            "promoted": {
+                a: [p for s in full for p in by[domain, a, s]["promoted"]] for a in ("loop_default", "loop_reference")
+            },
+            "invalid_planted": None,  # not built yet: see RESULTS.md
+            "invalid_promoted": None,
+        }
+    warm = [(by[d, "loop_default", s], by[d, "loop_default_warm", s]) for (d, a, s) in by if a == "loop_default_warm"]
+    if warm:
+        out["skills"] = {
+            "pairs": [
+                {
+                    "domain": cold["domain"],
+                    "seed": cold["seed"],
+                    "cold_final": cold["accuracy"],
+                    "cold_tokens": tokens_to_reach(cold["trajectory"], cold["accuracy"]),
+                    "warm_tokens": tokens_to_reach(hot["trajectory"], cold["accuracy"]),
+                }
+                for cold, hot in warm
+            ]
+        }
+    (CELLS.parent / "claims.json").write_text(json.dumps(out, indent=1))
+    return out
+
+
+# -- the reference's tuning ------------------------------------------------------------------------------
+def sweep(domain: str, lrs: list[float], work: Path, sets: dict) -> list[dict]:
+    out = ROOT / "results" / f"reference_sweep-{domain}.json"
+    done = {r["learning_rate"]: r for r in (json.loads(out.read_text()) if out.exists() else [])}
+    for lr in lrs:
+        if lr in done:
+            continue
+        over = {**sets, "harness.optimizer.learning_rate": lr}
+        cfg = arm_config(domain, "static_reference", TUNING_SEED, work / f"sweep-lr{lr:g}", over)
+        res = static_arm(cfg, cfg.budget.generated_tokens)
+        tasks = tuning_tasks(cfg)
+        ev = evaluate(HFPolicy.load(res["checkpoint"]), make_domain(cfg), tasks, cfg.eval)
+        done[lr] = {"learning_rate": lr, "accuracy": ev.accuracy, "tasks": len(tasks), **res}
+        out.write_text(json.dumps(sorted(done.values(), key=lambda r: r["learning_rate"]), indent=1))
+        print(f"lr {lr:g}: {ev.accuracy:.3f} on {len(tasks)} tuning tasks", flush=True)
+    return list(done.values())
+
+
+def tuning_tasks(cfg: RunConfig) -> list:
+    """The tuning seed's held-out tasks minus every question a benchmark seed trains on, is gated on or
+    is read on (its train and held-out splits, and the fresh read tasks)."""
+    bench = {t.prompt for s in SEEDS for t in read_tasks(arm_config_seed(cfg, s))}
+    seen = set(bench)
+    for s in SEEDS:
+        d = make_domain(arm_config_seed(cfg, s))
+        seen |= {t.prompt for split in ("train", "heldout") for t in d.tasks(split)}
+    tasks = [t for t in make_domain(cfg).tasks("heldout") if t.prompt not in seen]
+    random.Random(0).shuffle(tasks)
+    return tasks
+
+
+def arm_config_seed(cfg: RunConfig, seed: int) -> RunConfig:
+    return cfg.model_copy(update={"run": cfg.run.model_copy(update={"seed": seed})})
+
+
+def main() -> None:
+    global CELLS
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("command", choices=("cell", "grid", "aggregate", "sweep"))
+    ap.add_argument("args", nargs="*")
+    ap.add_argument("--domains", nargs="+", default=list(DOMAINS))
+    ap.add_argument("--arms", nargs="+", default=list(ARMS))
+    ap.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
+    ap.add_argument("--lr", type=float, nargs="+", default=[3e-5, 1e-4, 3e-4, 1e-3])
+    ap.add_argument("--set", dest="sets", action="append", default=[], help="override for every arm, KEY=VALUE")
+    ap.add_argument("--work", default="/tmp/evotrainer-claims")
+    ap.add_argument("--cells", default=str(CELLS), help="where cell results go (a smoke run: elsewhere)")
+    a = ap.parse_args()
+    import yaml
+
+    sets = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in a.sets)}
+    work = Path(a.work)
+    CELLS = Path(a.cells)
+    if a.command == "cell":
+        run_cell(a.args[0], a.args[1], int(a.args[2]), work, sets)
+    elif a.command == "grid":
+        for seed in a.seeds:
+            for domain in a.domains:
+                for arm in a.arms:
+                    run_cell(domain, arm, seed, work, sets)
+        print(json.dumps(aggregate(), indent=1))
+    elif a.command == "aggregate":
+        print(json.dumps(aggregate(), indent=1))
+    else:
+        sweep(a.args[0], a.lr, work, sets)
+
+
+if __name__ == "__main__":
+    main()

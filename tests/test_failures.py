@@ -36,6 +36,10 @@ class Scenario:
     """Findings the run must produce (others may fire too: a broken run is often broken several ways)."""
     knobs: tuple[tuple[str, str], ...] = ()
     """(finding, knob) pairs: the finding must name the planted knob among those to change."""
+    seeds: int = 1
+    """Runs at the test seed and, while its findings do not all fire, the next seeds, up to this many: for
+    a plant whose failure develops at most seeds but not every one (aggregated over seeds, as the
+    robustness grid measured; the evidence is checked on the run that fired)."""
 
 
 def _h(cfg: RunConfig):
@@ -107,6 +111,7 @@ SCENARIOS: dict[str, Scenario] = {
         lambda c, h: _h(c).reward_weights == {"contains_answer": 1.0} != _h(h).reward_weights,
         ("length_blowup", "reward_audit_gap"),
         (("reward_audit_gap", "reward_weights.contains_answer"),),
+        seeds=3,
     ),
     "format_hacking": Scenario(
         "healthy",
@@ -135,9 +140,10 @@ SCENARIOS: dict[str, Scenario] = {
 }
 
 
-def scenario_config(name: str, **overrides: Any) -> RunConfig:
-    if SEED:  # benchmarks/robustness.py: the same scenario on other seeds
-        overrides.setdefault("run.seed", SEED)
+def scenario_config(name: str, offset: int = 0, **overrides: Any) -> RunConfig:
+    if SEED or offset:  # benchmarks/robustness.py: the same scenario on other seeds
+        overrides.setdefault("run.seed", SEED + offset)
+        overrides.setdefault("run.name", f"{name}-{offset}" if offset else name)
     return load_config(FAILURES / f"{name}.yaml", overrides)
 
 
@@ -166,17 +172,17 @@ def run_scenario(tmp_path_factory, _test_cache):
     out = tmp_path_factory.mktemp("failures")
     done: dict[str, Result] = {}
 
-    def run(name: str) -> Result:
-        if name not in done:
+    def run(name: str, offset: int = 0) -> Result:
+        if (name, offset) not in done:
             cfg = scenario_config(
-                name, **{"run.out_dir": str(out), "policy.cache_dir": os.environ["EVOTRAINER_TEST_CACHE"]}
+                name, offset, **{"run.out_dir": str(out), "policy.cache_dir": os.environ["EVOTRAINER_TEST_CACHE"]}
             )
             summary = train_run(cfg, QUIET)
             assert summary["steps"] == cfg.train.steps, f"{name}: ran {summary['steps']} of {cfg.train.steps} steps"
             store = RolloutStore(out / cfg.run.name / "store")
             findings = Suite.default().run(store, BRANCH, 1, summary["steps"])
-            done[name] = Result(cfg, summary, store, findings, store.metrics(BRANCH))
-        return done[name]
+            done[name, offset] = Result(cfg, summary, store, findings, store.metrics(BRANCH))
+        return done[name, offset]
 
     return run
 
@@ -277,10 +283,13 @@ def test_scenario_plants_its_knob(name):
 
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_detectors_fire_on_their_scenario(name, run_scenario):
-    res = run_scenario(name)
-    assert not [f for f in res.findings if f.name == "detector_error"], [f.message for f in res.findings]
-    by_name = {f.name: f for f in res.findings}
-    missing = [t for t in SCENARIOS[name].fires if t not in by_name]
+    for offset in range(SCENARIOS[name].seeds):
+        res = run_scenario(name, offset)
+        assert not [f for f in res.findings if f.name == "detector_error"], [f.message for f in res.findings]
+        by_name = {f.name: f for f in res.findings}
+        missing = [t for t in SCENARIOS[name].fires if t not in by_name]
+        if not missing:
+            break
     assert not missing, f"{name}: {missing} did not fire; findings: {[f.message for f in res.findings]}"
     for target in SCENARIOS[name].fires:
         f = by_name[target]

@@ -25,6 +25,7 @@ from evotrainer.envs.math.config import MathConfig
 from evotrainer.envs.swe.config import SweConfig
 from evotrainer.errors import ConfigError
 from evotrainer.harness.harness import Harness
+from evotrainer.harness.interventions import Intervention, InterventionError
 
 
 class _Section(BaseModel):
@@ -226,6 +227,12 @@ class LoopSection(_Section):
     reject_expiry_steps: int = Field(60, ge=0)
     """A rejected intervention may be proposed again under the same signature once the mainline has moved
     on: after a promotion, or this many steps (0: only after a promotion)."""
+    planted: list[Intervention] = []
+    """Interventions raced whatever the findings say, one a round from round 1, in order: each takes the
+    round's first candidate slot (source `planted`) and passes the same screen, replay, race and gate as a
+    proposal. A user's idea tested under the gate's protection, or a benchmark's planted invalid branch
+    (benchmarks/claims.py), which the gate must reject. Written as a proposal is: kind, target, value and
+    a hypothesis (finding, signal, direction)."""
 
 
 class GateSection(_Section):
@@ -356,9 +363,29 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
 
 def parse_config(raw: dict[str, Any], source: str = "config") -> RunConfig:
     try:
-        return RunConfig.model_validate(raw)
+        cfg = RunConfig.model_validate(raw)
     except ValidationError as e:
         raise ConfigError(format_validation_error(e, source)) from None
+    if bad := planted_errors(cfg):
+        raise ConfigError("\n".join([f"{source}: {len(bad)} invalid field(s)", *bad]))
+    return cfg
+
+
+def planted_errors(cfg: RunConfig) -> list[str]:
+    """loop.planted checked against the starting harness as the loop will apply them (a value is only
+    typed once it meets its knob), so a wrong one stops the run before anything is written."""
+    out = []
+    for i, iv in enumerate(cfg.loop.planted):
+        try:
+            iv.bind(cfg.harness)
+        except InterventionError as e:
+            out.append(f"  loop.planted.{i}.target = {iv.target!r}: {e}")
+            continue
+        try:
+            iv.bind(cfg.harness).apply(cfg.harness)
+        except InterventionError as e:
+            out.append(f"  loop.planted.{i}.value = {iv.value!r}: {e}")
+    return out
 
 
 def format_validation_error(e: ValidationError, source: str) -> str:

@@ -56,7 +56,18 @@ def base_config(out: Path, domain: str) -> dict[str, Any]:
         "harness": {"sampling": {"num_generations": 4, "prompts_per_step": 4, "max_completion_length": 8}},
         "train": {"steps": 1},
         "eval": {"heldout_size": 20, "max_new_tokens": 8},
-        "loop": {"max_rounds": 1, "skills_dir": str(out / "skills")},
+        "loop": {
+            "max_rounds": 1,
+            "skills_dir": str(out / "skills"),
+            "planted": [
+                {
+                    "kind": "set_knob",
+                    "target": "optimizer.learning_rate",
+                    "value": 0.001,
+                    "hypothesis": {"finding": "plateau", "signal": "heldout/accuracy", "direction": "up"},
+                }
+            ],
+        },
         "gate": {"level": 0.9},
         "budget": {"generated_tokens": 1000},
         "llm": {},

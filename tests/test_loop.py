@@ -235,3 +235,27 @@ def test_process_executor_runs_arms_in_parallel_processes_with_the_same_results(
     for s, p in zip(serial, parallel):
         assert (s.outcomes, s.generated_tokens, s.trained_tokens) == (p.outcomes, p.generated_tokens, p.trained_tokens)
         assert (tmp_path / "parallel" / "checkpoints" / p.branch / "arm.json").exists()
+
+
+def test_a_planted_intervention_is_raced_first_under_the_same_screen_and_gate(tmp_path, math_setup):
+    exploit = {
+        "kind": "set_reward_weight",
+        "target": "reward_weights.contains_answer",
+        "value": 1.0,
+        "hypothesis": {"finding": "plateau", "signal": "heldout/accuracy", "direction": "up"},
+    }
+    cfg = loop_config(tmp_path, loop={"max_rounds": 2, "candidates": 1, "planted": [exploit]})
+    run_loop(cfg, quiet())
+    ledger = Ledger(tmp_path / "runs" / "t" / "ledger.sqlite")
+    first, second = (read_stage(ledger, rnd, "propose") for rnd in (1, 2))
+    # Round 1: the planted one takes the only candidate slot, bound to the harness like a proposal.
+    [p] = first.proposals
+    assert (p.source, p.intervention.target, p.intervention.value) == ("planted", exploit["target"], 1.0)
+    assert p.intervention.bound and p.intervention.before_absent
+    # Round 2: the list is spent, so the proposer's own candidate is back.
+    assert second.proposals and all(q.source != "planted" for q in second.proposals)
+    # It went on as any proposal does: kept or dropped by the replay, and if raced, its trial is on record.
+    replay = read_stage(ledger, 1, "replay")
+    assert [d.index for d in replay.kept + replay.dropped] == [0]
+    raced = [t for t in ledger.trials() if t["round"] == 1]
+    assert [t["source"] for t in raced] == (["planted"] if replay.kept else [])

@@ -59,7 +59,8 @@ def propose(
         expiry=cfg.loop.reject_expiry_steps,
     )
     out = ctx.proposer.propose(brief)
-    kept, refused = screen(out.proposals, brief)
+    planted = [Proposal(iv, "planted", note="loop.planted") for iv in cfg.loop.planted[rnd - 1 : rnd]]
+    kept, refused = screen(planted + list(out.proposals), brief)
     if cfg.train.backend == "trl":  # an arm under a harness TRL cannot honour would stop the run
         why = {id(p): unhonoured(p.intervention.apply(harness)) for p in kept}
         refused += [Refusal(p, f"train.backend trl does not honour:{why[id(p)]}") for p in kept if why[id(p)]]

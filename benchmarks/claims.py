@@ -45,7 +45,7 @@ from evotrainer.evaluation import evaluate  # noqa: E402
 from evotrainer.loop import run_loop  # noqa: E402
 from evotrainer.policies import load_policy  # noqa: E402
 from evotrainer.policies.hf import HFPolicy  # noqa: E402
-from evotrainer.stages.results import FinalResult, PromoteResult  # noqa: E402
+from evotrainer.stages.results import FinalResult, PromoteResult, read_stage  # noqa: E402
 from evotrainer.store.ledger import Ledger  # noqa: E402
 from evotrainer.training.grpo import GRPOTrainer  # noqa: E402
 from evotrainer.training.run import seed_everything  # noqa: E402
@@ -53,7 +53,28 @@ from evotrainer.training.run import seed_everything  # noqa: E402
 ROOT = Path(__file__).resolve().parent
 CELLS = ROOT / "results" / "claims"
 DOMAINS = {d: (f"examples/{d}.yaml", f"examples/reference/{d}.yaml") for d in ("math", "code", "swe")}
-ARMS = ("static_default", "static_reference", "loop_default", "loop_reference", "loop_default_warm")
+ARMS = ("static_default", "static_reference", "loop_default", "loop_reference", "loop_default_warm", "planted")
+PLANTED_ROUNDS = 3
+
+
+def _exploit(kind: str, target: str, value: object, finding: str) -> dict:
+    return {
+        "kind": kind,
+        "target": target,
+        "value": value,
+        "hypothesis": {"finding": finding, "signal": "reward", "direction": "up"},
+    }
+
+
+# Invalid branches planted into a short loop from the default harness (loop.planted, one a round): each
+# pays for what the evaluator's audit rejects. The gate must promote none.
+PLANTED = {
+    "math": [
+        _exploit("set_reward_weight", "reward_weights.contains_answer", 1.0, "plateau"),
+        _exploit("replace_reward_term", "reward_weights.correct", "contains_answer", "plateau"),
+        _exploit("set_reward_weight", "reward_weights.format", 1.0, "plateau"),
+    ],
+}
 SEEDS = (1, 2, 3)
 TUNING_SEED = 100  # the sweep's seed: no benchmark seed
 FRESH_SEED = 104_729  # the seed the read tasks are drawn under
@@ -64,6 +85,8 @@ CHUNK = 10  # static-arm steps per arm call; the arm stops at the first chunk bo
 def arm_config(domain: str, arm: str, seed: int, work: Path, sets: dict) -> RunConfig:
     path = DOMAINS[domain][1 if arm.endswith("reference") else 0]
     name = f"{domain}-{arm}-{seed}"
+    if arm == "planted":
+        sets = {**sets, "loop.planted": PLANTED[domain], "loop.max_rounds": PLANTED_ROUNDS}
     # Seconds never decide here (budget.seconds 0): the grid runs beside other jobs, and a load-dependent
     # stop would make the cells depend on the machine's load. Tokens decide, as in the paper's budget.
     over = {"run.seed": seed, "run.name": name, "run.out_dir": str(work), "budget.seconds": 0, **sets}
@@ -94,7 +117,14 @@ def static_arm(cfg: RunConfig, tokens: int) -> dict:
         seed_everything(cfg)
         domain = make_domain(cfg)
         GRPOTrainer(load_policy(cfg, domain, log=lambda *_: None), cfg.harness).save(base)
-    start, step, gen = str(base), 1, 0
+    checkpoint, steps, gen = train_static(cfg, run_dir, str(base), tokens)
+    return {"checkpoint": checkpoint, "steps": steps, "generated_tokens": gen, "promoted": [], "trajectory": []}
+
+
+def train_static(cfg: RunConfig, run_dir: Path, start: str, tokens: int) -> tuple[str, int, int]:
+    """(checkpoint, steps, generated tokens) of the config's harness trained from `start` in arms of CHUNK
+    steps until `tokens` are generated; a finished arm is reused on a rerun (same spec), so this resumes."""
+    step, gen = 1, 0
     while gen < tokens:
         r = run_arm(
             ArmSpec(
@@ -111,7 +141,7 @@ def static_arm(cfg: RunConfig, tokens: int) -> dict:
         )
         gen += r.generated_tokens
         start, step = r.checkpoint, step + CHUNK
-    return {"checkpoint": start, "steps": step - 1, "generated_tokens": gen, "promoted": [], "trajectory": []}
+    return start, step - 1, gen
 
 
 def loop_arm(cfg: RunConfig, warm_from: str | None) -> dict:
@@ -131,10 +161,11 @@ def loop_arm(cfg: RunConfig, warm_from: str | None) -> dict:
     ]
     trials = {t["id"]: t for t in ledger.trials()}
     promoted = [
-        {"round": v["round"], **trials[v["trial"]]["intervention"]}
+        {"round": v["round"], "source": trials[v["trial"]]["source"], **trials[v["trial"]]["intervention"]}
         for v in ledger.verdicts()
         if v["decision"] == "promote"
     ]
+    planted = [{"round": rnd, "outcome": planted_outcome(ledger, rnd)} for rnd in range(1, len(cfg.loop.planted) + 1)]
     invalid = [v for v in ledger.verdicts() if v["decision"] != "promote" and v["findings"]]
     return {
         "checkpoint": final.head.checkpoint,
@@ -143,11 +174,31 @@ def loop_arm(cfg: RunConfig, warm_from: str | None) -> dict:
         "generated_tokens": ledger.spent().generated_tokens,
         "promoted": promoted,
         "rejected_with_findings": len(invalid),
+        "planted": planted,
         # (tokens spent through round r, the mainline's checkpoint after round r), then the final head:
         # for the skills read
         "trajectory": [(sum(g for k, g in spent.items() if k <= rnd), h.checkpoint) for rnd, h in heads]
         + [(ledger.spent().generated_tokens, final.head.checkpoint)],
     }
+
+
+def planted_outcome(ledger: Ledger, rnd: int) -> str:
+    """Where round `rnd`'s planted candidate stopped: screened out, dropped by the replay, not raced,
+    or the verdict (promote / reject, with the reasons)."""
+    proposals = read_stage(ledger, rnd, "propose")
+    if proposals is None:
+        return "round not run"
+    idx = next((i for i, p in enumerate(proposals.proposals) if p.source == "planted"), None)
+    if idx is None:
+        return "refused by the screen"
+    replay = read_stage(ledger, rnd, "replay")
+    if any(d.index == idx for d in replay.dropped):
+        return "dropped by the replay: " + next(d.why for d in replay.dropped if d.index == idx)
+    trial = next((t for t in ledger.trials() if t["round"] == rnd and t["source"] == "planted"), None)
+    if trial is None:
+        return "not raced (the round's budget or race size)"
+    verdict = next((v for v in ledger.verdicts() if v["trial"] == trial["id"]), None)
+    return "no verdict" if verdict is None else f"{verdict['decision']}: {verdict['reasons']}"
 
 
 def run_cell(domain: str, arm: str, seed: int, work: Path, sets: dict) -> dict:
@@ -212,6 +263,15 @@ def paired_interval(a: list[dict], b: list[dict], n_boot: int = 4000, seed: int 
     }
 
 
+def planted_counts(cells: list[dict]) -> dict:
+    outcomes = [p["outcome"] for c in cells for p in c["planted"]]
+    return {
+        "invalid_planted": len(outcomes),
+        "invalid_promoted": sum(o.startswith("promote") for o in outcomes),
+        "invalid_outcomes": outcomes,
+    }
+
+
 def tokens_to_reach(trajectory: list, target: float) -> int | None:
     return next((int(tok) for tok, acc in trajectory if acc >= target), None)
 
@@ -239,8 +299,7 @@ def aggregate() -> dict:
             "promoted": {
                 a: [p for s in full for p in by[domain, a, s]["promoted"]] for a in ("loop_default", "loop_reference")
             },
-            "invalid_planted": None,  # not built yet: see RESULTS.md
-            "invalid_promoted": None,
+            **planted_counts([by[domain, "planted", s] for s in full if (domain, "planted", s) in by]),
         }
     warm = [(by[d, "loop_default", s], by[d, "loop_default_warm", s]) for (d, a, s) in by if a == "loop_default_warm"]
     if warm:

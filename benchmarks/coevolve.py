@@ -26,7 +26,8 @@ from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from evotrainer.backtest.trial import ArmSpec, run_arm  # noqa: E402
+from claims import train_static  # noqa: E402  (the static arm of benchmarks/claims.py)
+
 from evotrainer.config import load_config  # noqa: E402
 from evotrainer.envs.registry import make_domain  # noqa: E402
 from evotrainer.evaluation import evaluate  # noqa: E402
@@ -35,35 +36,17 @@ from evotrainer.policies.hf import HFPolicy  # noqa: E402
 from evotrainer.stages.context import split_heldout  # noqa: E402
 from evotrainer.store.ledger import Ledger  # noqa: E402
 
-CHUNK = 10  # static-run steps per arm call; the run stops at the first chunk boundary past the loop's tokens
-
 
 def static_run(cfg, run_dir: Path, tokens: int) -> dict:
     """Train the starting harness from the loop's own base checkpoint until `tokens` are sampled."""
     base = Path(cfg.run.out_dir) / cfg.run.name / "checkpoints" / "base"
-    start, step, gen, t0 = str(base), 1, 0, time.perf_counter()
-    while gen < tokens:
-        branch = f"static-{step:06d}"
-        r = run_arm(
-            ArmSpec(
-                branch=branch,
-                role="segment",
-                run_dir=str(run_dir),
-                config=cfg.model_dump(mode="json"),
-                harness=cfg.harness.model_dump(mode="json"),
-                start=start,
-                seed=cfg.run.seed,
-                first_step=step,
-                steps=CHUNK,
-            )
-        )
-        gen += r.generated_tokens
-        start, step = r.checkpoint, step + CHUNK
+    t0 = time.perf_counter()
+    checkpoint, steps, gen = train_static(cfg, run_dir, str(base), tokens)
     domain = make_domain(cfg)
     _, final_ids = split_heldout([t.id for t in domain.tasks("heldout")], cfg.gate.final_fraction, cfg.run.seed)
     by_id = {t.id: t for t in domain.tasks("heldout")}
-    ev = evaluate(HFPolicy.load(start), domain, [by_id[i] for i in final_ids], cfg.eval)
-    return {"accuracy": ev.accuracy, "steps": step - 1, "generated_tokens": gen, "seconds": time.perf_counter() - t0}
+    ev = evaluate(HFPolicy.load(checkpoint), domain, [by_id[i] for i in final_ids], cfg.eval)
+    return {"accuracy": ev.accuracy, "steps": steps, "generated_tokens": gen, "seconds": time.perf_counter() - t0}
 
 
 def main() -> None:

@@ -41,8 +41,10 @@ def eval_(run: Path = typer.Argument(..., help="Run directory")) -> None:
     policy = HFPolicy.load(ckpt)
     with progress_bar(console) as progress:
         res = evaluate(policy, domain, domain.tasks("heldout"), cfg.eval, progress)
+    infra = f"; {len(res.infra_failures)} without a verdict (the sandbox failed twice)" if res.infra_failures else ""
     console.print(
-        f"held-out accuracy: [bold]{res.accuracy:.3f}[/] on {len(res.outcomes)} tasks (evaluator {res.evaluator_hash})"
+        f"held-out accuracy: [bold]{res.accuracy:.3f}[/] on {len(res.outcomes)} tasks{infra} "
+        f"(evaluator {res.evaluator_hash})"
     )
 
 

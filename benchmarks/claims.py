@@ -86,7 +86,13 @@ def arm_config(domain: str, arm: str, seed: int, work: Path, sets: dict) -> RunC
     path = DOMAINS[domain][1 if arm.endswith("reference") else 0]
     name = f"{domain}-{arm}-{seed}"
     if arm == "planted":
-        sets = {**sets, "loop.planted": PLANTED[domain], "loop.max_rounds": PLANTED_ROUNDS}
+        # The trial share is the search's economy, not what this arm measures: every planted one is raced.
+        sets = {
+            **sets,
+            "loop.planted": PLANTED[domain],
+            "loop.max_rounds": PLANTED_ROUNDS,
+            "loop.max_trial_share": 1.0,
+        }
     # Seconds never decide here (budget.seconds 0): the grid runs beside other jobs, and a load-dependent
     # stop would make the cells depend on the machine's load. Tokens decide, as in the paper's budget.
     over = {"run.seed": seed, "run.name": name, "run.out_dir": str(work), "budget.seconds": 0, **sets}
@@ -196,7 +202,8 @@ def planted_outcome(ledger: Ledger, rnd: int) -> str:
         return "dropped by the replay: " + next(d.why for d in replay.dropped if d.index == idx)
     trial = next((t for t in ledger.trials() if t["round"] == rnd and t["source"] == "planted"), None)
     if trial is None:
-        return "not raced (the round's budget or race size)"
+        why = read_stage(ledger, rnd, "trial")
+        return f"not raced: {why.abandoned if why is not None and why.abandoned else 'the race size'}"
     verdict = next((v for v in ledger.verdicts() if v["trial"] == trial["id"]), None)
     return "no verdict" if verdict is None else f"{verdict['decision']}: {verdict['reasons']}"
 

@@ -338,6 +338,7 @@ def main() -> None:
             f"{r['duplicated']}, same decisions {r['same_decisions']}",
             flush=True,
         )
+        results = {k: results[k] for k in [*faults, *results] if k in results}  # in the faults' order
         a.out.write_text(json.dumps(results, indent=2) + "\n")
 
 

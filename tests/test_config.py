@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -69,3 +70,12 @@ def test_domain_mistake_writes_no_run_directory(tmp_path):
     out = run_cli("train", str(f))
     assert out.returncode == 2 and "env.datasets[0]" in out.stderr and "no_such_dataset" in out.stderr
     assert not (tmp_path / "runs").exists()
+
+
+EXAMPLE_DIR = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = sorted(EXAMPLE_DIR.rglob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.relative_to(EXAMPLE_DIR).as_posix())
+def test_every_example_config_loads(path):
+    assert load_config(path).run.name

@@ -23,7 +23,7 @@ from evotrainer.envs.digits.config import DigitsConfig
 from evotrainer.envs.local.config import LocalConfig
 from evotrainer.envs.math.config import MathConfig
 from evotrainer.envs.swe.config import SweConfig
-from evotrainer.errors import ConfigError
+from evotrainer.errors import ConfigError, validation_lines
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.interventions import Intervention, InterventionError
 
@@ -389,22 +389,17 @@ def planted_errors(cfg: RunConfig) -> list[str]:
 
 
 def format_validation_error(e: ValidationError, source: str) -> str:
-    lines = [f"{source}: {e.error_count()} invalid field(s)"]
-    for err in e.errors():
-        loc = list(err["loc"])
-        if len(loc) > 1 and loc[0] == "env" and (loc[1] in BUILTIN_DOMAINS or loc[1] == "import"):
-            loc.pop(1)  # the union's tag: the user wrote env.FIELD, not env.DOMAIN.FIELD
-        value = err.get("input")
-        if err["type"] == "env.domain":
-            loc, value = ["env", "domain"], _domain_of(value)
-        field = ".".join(str(p) for p in loc)
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            msg = "unknown field; check the spelling against the documented fields"
-        elif err["type"] == "literal_error":
-            msg = f"must be one of {err['ctx']['expected']}"
-        lines.append(f"  {field} = {value!r}: {msg}")
-    return "\n".join(lines)
+    return validation_lines(e, source, _where)
+
+
+def _where(err: dict[str, Any]) -> tuple[list[Any], Any]:
+    """Where the user wrote what the error is about: env.FIELD, not env.DOMAIN.FIELD (the union's tag)."""
+    loc, value = list(err["loc"]), err.get("input")
+    if len(loc) > 1 and loc[0] == "env" and (loc[1] in BUILTIN_DOMAINS or loc[1] == "import"):
+        loc.pop(1)
+    if err["type"] == "env.domain":
+        loc, value = ["env", "domain"], _domain_of(value)
+    return loc, value
 
 
 def dump_config(config: RunConfig) -> str:

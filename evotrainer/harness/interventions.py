@@ -10,6 +10,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from evotrainer.errors import validation_lines
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.knobs import is_replayable, knob
 
@@ -159,9 +160,7 @@ def load_intervention(path: str | Path) -> Intervention:
     try:
         return Intervention.model_validate(raw)
     except ValidationError as e:
-        from evotrainer.config import format_validation_error
-
-        raise InterventionError(format_validation_error(e, str(path))) from None
+        raise InterventionError(validation_lines(e, str(path))) from None
 
 
 def diff(a: Harness, b: Harness) -> list[tuple[str, Any, Any]]:

@@ -56,8 +56,8 @@ class Stopped(Exception):
 
 
 def request_stop(signum: int) -> None:
-    """Stop at the next stage boundary. Only a flag: a signal handler runs between any two bytecodes,
-    perhaps inside a ledger transaction, so it must not do the stopping itself."""
+    """Stop at the next stage boundary (0: no stop asked). Only a flag: a signal handler runs between any two
+    bytecodes, perhaps inside a ledger transaction, so it must not do the stopping itself."""
     global _stop_signal
     _stop_signal = signum
 

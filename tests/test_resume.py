@@ -162,3 +162,31 @@ def test_sigterm_and_sigint_stop_at_a_stage_boundary_then_resume_matches(tmp_pat
     got = _record(run_dir)
     for key in expected:
         assert got[key] == expected[key], key
+
+
+def test_an_arms_result_key_survives_a_moved_or_renamed_run_and_not_a_changed_spec(tmp_path):
+    from dataclasses import replace
+
+    from evotrainer.backtest.trial import ArmSpec, spec_key
+
+    def spec(run_dir: Path, **changes) -> ArmSpec:
+        cfg = small_config(tmp_path, run={"name": run_dir.name, "out_dir": str(run_dir.parent), "seed": 0})
+        return replace(
+            ArmSpec(
+                branch="r01-ctl",
+                role="control",
+                run_dir=str(run_dir),
+                config=cfg.model_dump(mode="json"),
+                harness=cfg.harness.model_dump(mode="json"),
+                start=str(run_dir / "checkpoints" / "r01-seg"),
+                seed=7,
+                first_step=11,
+                steps=20,
+            ),
+            **changes,
+        )
+
+    a = spec(tmp_path / "runs" / "a")
+    assert spec_key(a, None, None) == spec_key(spec(tmp_path / "elsewhere" / "b"), None, None)
+    for change in ({"seed": 8}, {"steps": 21}, {"start": str(tmp_path / "runs" / "a" / "checkpoints" / "base")}):
+        assert spec_key(replace(a, **change), None, None) != spec_key(a, None, None), change

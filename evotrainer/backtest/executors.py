@@ -4,6 +4,7 @@ so the choice changes the wall time, not the results."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
@@ -49,9 +50,17 @@ class ProcessExecutor:
     def run(self, specs: list[ArmSpec], started: Started | None = None) -> list[ArmResult]:
         for s in specs if started else ():
             started(s)
-        with ProcessPoolExecutor(max_workers=self.workers, mp_context=get_context("spawn")) as pool:
+        with ProcessPoolExecutor(
+            max_workers=self.workers, mp_context=get_context("spawn"), initializer=_ignore_interrupt
+        ) as pool:
             futures = [pool.submit(run_arm_in_worker, s, self.threads) for s in specs]
             return [ArmResult(**f.result()) for f in futures]
+
+
+def _ignore_interrupt() -> None:
+    """A terminal's Ctrl-C reaches the whole process group: the workers leave it to the loop, which stops at
+    the next stage boundary (an arm killed mid-way would fail the stage instead)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def make_executor(cfg: RunConfig, log: Callable[[str], None] | None = None) -> Executor:

@@ -192,7 +192,8 @@ def spec_key(spec: ArmSpec, domain, cfg: RunConfig) -> str:
     """What an arm's result depends on: its spec (config, harness, start, seed, steps, gate tasks,
     reference) and the evaluator it is read by. A result file is reused only under the same key, so a
     rerun with other settings, or under a changed evaluator, trains and evaluates again. Paths are
-    taken relative to the run directory: a moved run keeps its arms."""
+    taken relative to the run directory, and the run's name and place are not part of it: a moved or
+    renamed run keeps its arms."""
 
     def rel(path: str | None) -> str | None:
         if path is None:
@@ -205,7 +206,7 @@ def spec_key(spec: ArmSpec, domain, cfg: RunConfig) -> str:
         "run_dir": None,
         "start": rel(spec.start),
         "reference": rel(spec.reference),
-        "config": {**spec.config, "run": {**spec.config["run"], "out_dir": None}},
+        "config": {**spec.config, "run": {**spec.config["run"], "out_dir": None, "name": None}},
     }
     if spec.gate_ids is not None:
         by_id = {t.id: t for t in domain.tasks("heldout")}

@@ -57,6 +57,8 @@ def _until_stopped(run, work) -> None:
     nothing committed is lost)."""
     from evotrainer.loop import Stopped, request_stop
 
+    request_stop(0)  # a stop asked of an earlier run in this process is not this one's
+
     def handler(signum, _frame) -> None:
         for s in (signal.SIGTERM, signal.SIGINT):
             signal.signal(s, signal.SIG_DFL)

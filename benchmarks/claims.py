@@ -344,14 +344,22 @@ def sweep(domain: str, lrs: list[float], work: Path, sets: dict) -> list[dict]:
 
 
 def tuning_tasks(cfg: RunConfig) -> list:
-    """The tuning seed's held-out tasks minus every question a benchmark seed is gated or read on (its
-    held-out split and its fresh read tasks). Questions the benchmark trains on may remain: with a small
-    question space the train splits cover most of it, and a tuning read on them leaks no reported figure."""
-    seen = set()
+    """Up to READ_TASKS tasks drawn under the seed after TUNING_SEED, minus the tuning run's own train and
+    held-out questions (as the benchmark's read) and minus every question a benchmark seed is gated or read
+    on (its held-out split and its read tasks). Questions a benchmark seed trains on may remain: a tuning
+    read on them leaks no reported figure."""
+    own = make_domain(cfg)
+    seen = {t.prompt for split in ("train", "heldout") for t in own.tasks(split)}
     for s in SEEDS:
         bench = arm_config_seed(cfg, s)
         seen |= {t.prompt for t in read_tasks(bench)} | {t.prompt for t in make_domain(bench).tasks("heldout")}
-    return [t for t in make_domain(cfg).tasks("heldout") if t.prompt not in seen]
+    draw = cfg.model_copy(
+        update={
+            "run": cfg.run.model_copy(update={"seed": TUNING_SEED + 1}),
+            "eval": cfg.eval.model_copy(update={"heldout_size": 4 * READ_TASKS}),
+        }
+    )
+    return [t for t in make_domain(draw).tasks("heldout") if t.prompt not in seen][:READ_TASKS]
 
 
 def arm_config_seed(cfg: RunConfig, seed: int) -> RunConfig:

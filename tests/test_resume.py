@@ -46,14 +46,28 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     )
 
 
-def _kill_when(proc: subprocess.Popen, ready, timeout: float = 300) -> None:
+def _signal_when(proc: subprocess.Popen, ready, sig: int) -> str:
+    """Send `sig` once `ready()`; the run's stderr after it exits."""
     t0 = time.monotonic()
     while not ready():
-        assert proc.poll() is None, f"the run ended before the kill point: {proc.stderr.read()[-2000:]}"
-        assert time.monotonic() - t0 < timeout, "kill point never reached"
+        assert proc.poll() is None, f"the run ended before the signal's moment: {proc.stderr.read()[-2000:]}"
+        assert time.monotonic() - t0 < 300, "the signal's moment never came"
         time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=300)
+    return err
+
+
+def _kill_when(proc: subprocess.Popen, ready) -> None:
+    _signal_when(proc, ready, signal.SIGKILL)
+
+
+def _written(tmp_path: Path, name: str) -> tuple[Path, Path, Path]:
+    """A small loop config written to a file, as a user runs it: (config file, run directory, shards)."""
+    cfg_file = tmp_path / f"{name}.yaml"
+    cfg_file.write_text(dump_config(_cfg(tmp_path, name)))
+    run_dir = tmp_path / "runs" / name
+    return cfg_file, run_dir, run_dir / "store" / "rollouts"
 
 
 def _record(run_dir: Path) -> dict:
@@ -89,11 +103,7 @@ def expected(tmp_path_factory, math_setup) -> dict:
 
 
 def test_sigkill_at_several_points_then_resume_matches_an_uninterrupted_run(tmp_path, expected):
-    cfg = _cfg(tmp_path, "k")
-    cfg_file = tmp_path / "k.yaml"
-    cfg_file.write_text(dump_config(cfg))
-    run_dir = tmp_path / "runs" / "k"
-    shards = run_dir / "store" / "rollouts"
+    cfg_file, run_dir, shards = _written(tmp_path, "k")
 
     # 1. during training: the segment has written two of its three steps
     _kill_when(_cli("run", str(cfg_file)), lambda: (shards / "r01-seg-s000002.parquet").exists())
@@ -124,27 +134,11 @@ def test_sigkill_at_several_points_then_resume_matches_an_uninterrupted_run(tmp_
     assert expected["verdicts"], "the runs must have decided something"
 
 
-def _stop_when(proc: subprocess.Popen, ready, sig: int) -> str:
-    """Send `sig` once `ready()`; the run's stderr after it exits."""
-    t0 = time.monotonic()
-    while not ready():
-        assert proc.poll() is None, f"the run ended before the stop point: {proc.stderr.read()[-2000:]}"
-        assert time.monotonic() - t0 < 300, "stop point never reached"
-        time.sleep(0.05)
-    proc.send_signal(sig)
-    _, err = proc.communicate(timeout=300)
-    return err
-
-
 def test_sigterm_and_sigint_stop_at_a_stage_boundary_then_resume_matches(tmp_path, expected):
-    cfg = _cfg(tmp_path, "s")
-    cfg_file = tmp_path / "s.yaml"
-    cfg_file.write_text(dump_config(cfg))
-    run_dir = tmp_path / "runs" / "s"
-    shards = run_dir / "store" / "rollouts"
+    cfg_file, run_dir, shards = _written(tmp_path, "s")
     # SIGTERM mid-segment: the segment finishes and commits, then the run stops, with no traceback
     proc = _cli("run", str(cfg_file))
-    err = _stop_when(proc, lambda: (shards / "r01-seg-s000002.parquet").exists(), signal.SIGTERM)
+    err = _signal_when(proc, lambda: (shards / "r01-seg-s000002.parquet").exists(), signal.SIGTERM)
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
     assert f"stopped at a stage boundary after round 1 stage train; `evotrainer resume {run_dir}` continues" in err
     assert "Traceback" not in err
@@ -152,7 +146,7 @@ def test_sigterm_and_sigint_stop_at_a_stage_boundary_then_resume_matches(tmp_pat
     assert ledger.last_finished() == (1, "train") and ledger.stage_result(1, "diagnose") is None
     # SIGINT (Ctrl-C) mid-trial: the trial's arms finish, the stage commits, the run stops
     proc = _cli("resume", str(run_dir))
-    err = _stop_when(proc, lambda: any(shards.glob("r01-c1-s*.parquet")), signal.SIGINT)
+    err = _signal_when(proc, lambda: any(shards.glob("r01-c1-s*.parquet")), signal.SIGINT)
     assert proc.returncode == 128 + signal.SIGINT, err[-3000:]
     assert "stopped at a stage boundary after round 1 stage trial" in err and "Traceback" not in err
     assert Ledger(run_dir / "ledger.sqlite").last_finished() == (1, "trial")

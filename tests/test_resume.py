@@ -62,6 +62,15 @@ def _kill_when(proc: subprocess.Popen, ready) -> None:
     _signal_when(proc, ready, signal.SIGKILL)
 
 
+def _resume_to_the_end_and_match(run_dir: Path, expected: dict) -> None:
+    proc = _cli("resume", str(run_dir))
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    got = _record(run_dir)
+    for key in expected:
+        assert got[key] == expected[key], key
+
+
 def _written(tmp_path: Path, name: str) -> tuple[Path, Path, Path]:
     """A small loop config written to a file, as a user runs it: (config file, run directory, shards)."""
     cfg_file = tmp_path / f"{name}.yaml"
@@ -124,13 +133,7 @@ def test_sigkill_at_several_points_then_resume_matches_an_uninterrupted_run(tmp_
     proc = _cli("resume", str(run_dir), env={"EVOTRAINER_KILL_AT": "2:remember"})
     proc.wait(timeout=600)
     assert proc.returncode == -signal.SIGKILL
-    proc = _cli("resume", str(run_dir))
-    _, err = proc.communicate(timeout=600)
-    assert proc.returncode == 0, err[-3000:]
-
-    got = _record(run_dir)
-    for key in expected:
-        assert got[key] == expected[key], key
+    _resume_to_the_end_and_match(run_dir, expected)
     assert expected["verdicts"], "the runs must have decided something"
 
 
@@ -150,12 +153,7 @@ def test_sigterm_and_sigint_stop_at_a_stage_boundary_then_resume_matches(tmp_pat
     assert proc.returncode == 128 + signal.SIGINT, err[-3000:]
     assert "stopped at a stage boundary after round 1 stage trial" in err and "Traceback" not in err
     assert Ledger(run_dir / "ledger.sqlite").last_finished() == (1, "trial")
-    proc = _cli("resume", str(run_dir))
-    _, err = proc.communicate(timeout=600)
-    assert proc.returncode == 0, err[-3000:]
-    got = _record(run_dir)
-    for key in expected:
-        assert got[key] == expected[key], key
+    _resume_to_the_end_and_match(run_dir, expected)
 
 
 def test_an_arms_result_key_survives_a_moved_or_renamed_run_and_not_a_changed_spec(tmp_path):

@@ -377,12 +377,12 @@ def planted_errors(cfg: RunConfig) -> list[str]:
     out = []
     for i, iv in enumerate(cfg.loop.planted):
         try:
-            iv.bind(cfg.harness)
+            bound = iv.bind(cfg.harness)
         except InterventionError as e:
             out.append(f"  loop.planted.{i}.target = {iv.target!r}: {e}")
             continue
         try:
-            iv.bind(cfg.harness).apply(cfg.harness)
+            bound.apply(cfg.harness)
         except InterventionError as e:
             out.append(f"  loop.planted.{i}.value = {iv.value!r}: {e}")
     return out

@@ -37,3 +37,9 @@ class ExecResult:
     @property
     def ok(self) -> bool:
         return self.termination == "ok"
+
+    @property
+    def worker_lost(self) -> bool:
+        """The pool lost the worker mid-job (its only `error` without an exit code): infrastructure, not the
+        code it ran."""
+        return self.termination == "error" and self.returncode is None

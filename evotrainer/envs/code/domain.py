@@ -307,8 +307,7 @@ class CodeDomain:
             kind, n_vis = "asserts", len(d["visible_tests"])
         try:
             res = self.pool.run_python(DRIVER, {"solution.py": program}, self.limits, json.dumps(job))
-            # The pool's answer for a worker lost mid-job (the only "error" with no exit code).
-            if res.termination == "error" and res.returncode is None:
+            if res.worker_lost:
                 raise OSError(res.stderr)
         except OSError as e:  # the sandbox itself failed: infrastructure, not the policy
             return {

@@ -290,7 +290,7 @@ class SandboxRunner:
             sandbox_source(test_files, select), files=files, limits=self.limits, stdin=secret + "\n"
         )
         self.runs += 1
-        if res.termination == "error" and res.returncode is None:  # the pool lost its worker mid-job
+        if res.worker_lost:
             raise OSError(res.stderr)  # infrastructure: neither a report on the code nor one to cache
         report = parse_output(res.stdout, res.termination, secret)
         self._cache[key] = report

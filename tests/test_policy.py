@@ -91,6 +91,9 @@ def test_local_model_directory_and_lora(tmp_path, math_setup):
     ctx = contexts(domain, lora)
     seqs = [c + lora.encode("<answer>3</answer>") for c in ctx]
     assert lora.logprobs(seqs) == policy.logprobs(seqs)  # LoRA starts as the identity
+    # The adapter samples through transformers' cache, the plain model through our own decoder: same tokens.
+    greedy = [p.sample(ctx * 2, max_new_tokens=8, stop=("</answer>",), greedy=True) for p in (lora, policy)]
+    assert [s.token_ids for s in greedy[0]] == [s.token_ids for s in greedy[1]]
     with torch.no_grad():
         for n, p in lora.model.named_parameters():
             if "lora_B" in n:

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
+from evotrainer.policies.decoders import HFDecoder, KVDecoder, own_decoder_fits
 from evotrainer.policies.policy import Sample
 from evotrainer.store.checkpoints import damaged
 from evotrainer.store.damage import DamagedFile
@@ -174,8 +175,9 @@ class HFPolicy:
         greedy: bool = False,
         generator: torch.Generator | None = None,
     ) -> list[Sample]:
-        """All contexts in one batch with a KV cache; rows that finish leave the batch (their cache
-        rows are dropped) so the tail of long completions does not pay for finished ones."""
+        """All contexts in one batch through an incremental decoder. A prompt shared by several rows (a
+        GRPO group) is prefilled once; finished rows stop counting at once and leave the batch when a
+        quarter of it has finished, so the tail of long completions does not pay for finished ones."""
         n = len(contexts)
         if n == 0:
             return []
@@ -190,38 +192,44 @@ class HFPolicy:
         stopped = torch.zeros(n, dtype=torch.bool)
         max_stop = max((len(s) for s in stop), default=0)
         candidates = self._stop_candidates(stop) if stop else None
-        ids, mask = left_pad(contexts, self.pad_id)
-        pos = positions(mask)
-        cache = DynamicCache()
-        logits = self._last_logits(cache, input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=1)
-        next_pos = pos[:, -1] + 1
+        decoder, logits, next_pos = self._prefill(contexts, max_new_tokens)
         rows = torch.arange(n)  # batch row -> original index
+        live = torch.ones(n, dtype=torch.bool)  # batch rows still generating
         for t in range(max_new_tokens):
-            tok, logp_all, p_all = _next_token(logits, temperature, top_p, greedy, generator)
-            tok_buf[rows, t] = tok
-            lp_buf[rows, t] = logp_all.gather(-1, tok[:, None]).squeeze(-1)
-            ent.index_add_(0, rows, -(p_all * logp_all).sum(-1))
-            length[rows] = t + 1
-            done = self._finished(tok, rows, tok_buf, t, stop, max_stop, candidates)
-            stopped[rows[done]] = True
-            keep = ~done
-            if t == max_new_tokens - 1 or not keep.any():
+            at = torch.nonzero(live).flatten()
+            # Only live rows draw, so the generator's stream does not depend on when rows are dropped.
+            tok, logp_all, p_all = _next_token(logits[at], temperature, top_p, greedy, generator)
+            r = rows[at]
+            tok_buf[r, t] = tok
+            lp_buf[r, t] = logp_all.gather(-1, tok[:, None]).squeeze(-1)
+            ent.index_add_(0, r, -(p_all * logp_all).sum(-1))
+            length[r] = t + 1
+            done = self._finished(tok, r, tok_buf, t, stop, max_stop, candidates)
+            stopped[r[done]] = True
+            live[at[done]] = False
+            if t == max_new_tokens - 1 or not live.any():
                 break
-            if done.any():
-                idx = torch.nonzero(keep).flatten()
-                cache.batch_select_indices(idx)
-                rows, tok, mask, next_pos = rows[idx], tok[idx], mask[idx], next_pos[idx]
-            mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=mask.dtype)], dim=1)
-            logits = self._last_logits(
-                cache, input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None]
-            )
+            step_tok = tok_buf[rows, t].clamp(min=0)  # finished rows feed a placeholder until dropped
+            if 4 * int((~live).sum()) >= len(live):
+                keep = torch.nonzero(live).flatten()
+                decoder.select(keep)
+                rows, live, step_tok, next_pos = rows[keep], live[keep], step_tok[keep], next_pos[keep]
+            logits = decoder.step(step_tok, next_pos)
             next_pos = next_pos + 1
         self.model.train(was_training)
         return self._samples(tok_buf, lp_buf, ent, length, stopped)
 
-    def _last_logits(self, cache: DynamicCache, **inputs: torch.Tensor | int) -> torch.Tensor:
-        """One forward pass through the KV cache: the float logits at each row's last position."""
-        return self.model(**inputs, past_key_values=cache, use_cache=True).logits[:, -1].float()
+    def _prefill(self, contexts: list[list[int]], max_new_tokens: int):
+        """A decoder holding each context's cache, the logits after it and each row's next position.
+        Identical contexts (a GRPO group's prompt) are run once and their cache rows repeated."""
+        unique: dict[tuple[int, ...], int] = {}
+        inverse = torch.tensor([unique.setdefault(tuple(c), len(unique)) for c in contexts])
+        ids, mask = left_pad([list(c) for c in unique], self.pad_id)
+        pos = positions(mask)
+        capacity = ids.shape[1] + max_new_tokens
+        decoder = KVDecoder(self.model, capacity) if own_decoder_fits(self.model, capacity) else HFDecoder(self.model)
+        logits = decoder.prefill(ids, mask, pos, inverse)
+        return decoder, logits, pos[inverse, -1] + 1
 
     def _finished(
         self,

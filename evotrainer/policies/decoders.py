@@ -1,0 +1,145 @@
+"""Incremental decoders for the sampler: a preallocated KV cache of our own for Llama-family models, and
+Hugging Face's DynamicCache for anything else. Both keep one cache row per batch row; the sampler
+drops finished rows with `select` and repeats shared prompts with it.
+
+Written by hand because, at the sizes this product trains on CPU, the generic path spends most of a
+token outside arithmetic: DynamicCache concatenates every layer's whole cache at each token (a quarter
+of sampling time on the tiny policy), StaticCache attends over the full preallocated length, and the
+model's forward rebuilds masks through several layers of Python per token. vLLM and SGLang do this well
+on GPUs, but as servers, not as an in-process sampler returning the exact token ids and logprobs the
+trainer needs. What this decoder cannot reproduce exactly (LoRA adapters, other architectures, a
+sliding window shorter than the sequence) takes the Hugging Face path.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+# Same block as Llama: pre-norm RMSNorm, q/k/v/o projections (optional biases), RoPE, SiLU-gated MLP.
+LLAMA_FAMILY = {"llama", "mistral", "qwen2"}
+
+
+def own_decoder_fits(model: torch.nn.Module, capacity: int) -> bool:
+    """Whether KVDecoder computes exactly what `model` computes, for sequences up to `capacity` tokens."""
+    cfg = getattr(model, "config", None)
+    inner = getattr(model, "model", None)
+    if cfg is None or getattr(cfg, "model_type", None) not in LLAMA_FAMILY or hasattr(model, "peft_config"):
+        return False
+    if getattr(cfg, "hidden_act", None) != "silu" or not hasattr(inner, "rotary_emb"):
+        return False
+    window = getattr(cfg, "sliding_window", None)
+    if cfg.model_type == "qwen2" and not getattr(cfg, "use_sliding_window", False):
+        window = None
+    return window is None or capacity <= window
+
+
+class HFDecoder:
+    """The model's own forward with a DynamicCache: any causal LM, peft adapters included."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.cache = DynamicCache()
+        self.mask: torch.Tensor | None = None
+
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        logits = self._logits(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=1)
+        self.mask = mask
+        self.select(rows)
+        return logits[rows]
+
+    def select(self, index: torch.Tensor) -> None:
+        self.cache.batch_select_indices(index)
+        self.mask = self.mask[index]
+
+    def step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        self.mask = torch.cat([self.mask, torch.ones((len(tok), 1), dtype=self.mask.dtype)], dim=1)
+        return self._logits(input_ids=tok[:, None], attention_mask=self.mask, position_ids=pos[:, None])
+
+    def _logits(self, **inputs: torch.Tensor | int) -> torch.Tensor:
+        return self.model(**inputs, past_key_values=self.cache, use_cache=True).logits[:, -1].float()
+
+
+class KVDecoder:
+    """One token per row per step through a preallocated cache: each step writes one column of keys and
+    values and attends over the filled columns (a view, no copy). Rows are left-padded, so every row
+    writes the same column; the mask hides each row's padding."""
+
+    def __init__(self, model: torch.nn.Module, capacity: int):
+        cfg = model.config
+        self.model = model
+        self.capacity = capacity
+        self.heads = cfg.num_attention_heads
+        self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+        self.layers = model.model.layers
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.mask = torch.zeros(0)
+        self.cols = 0
+
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """The prompts through the model's own forward (exactly its numbers), their cache copied into
+        the buffers, batch row j holding prompt rows[j]: only the prompt's columns are copied."""
+        cache = DynamicCache()
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        width = ids.shape[1]
+        shape = (len(rows), self.kv_heads, self.capacity, self.head_dim)
+        for layer in cache.layers:
+            for src, bufs in ((layer.keys, self.keys), (layer.values, self.values)):
+                buf = src.new_empty(shape)
+                buf[:, :, :width] = src.index_select(0, rows)
+                bufs.append(buf)
+        self.mask = torch.zeros((len(rows), self.capacity), dtype=torch.bool, device=ids.device)
+        self.mask[:, :width] = mask.bool().index_select(0, rows)
+        self.cols = width
+        return out.logits[:, -1].float().index_select(0, rows)
+
+    def select(self, index: torch.Tensor) -> None:
+        # index_select, not k[index]: several times faster on these 4-d buffers.
+        self.keys = [k.index_select(0, index) for k in self.keys]
+        self.values = [v.index_select(0, index) for v in self.values]
+        self.mask = self.mask.index_select(0, index)
+
+    def step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Logits after feeding one token per row at position `pos`; the same arithmetic as the model's
+        forward (its own norms, rotary embedding and weights), without its per-call machinery."""
+        c = self.cols
+        if c >= self.capacity:
+            raise RuntimeError(f"KVDecoder: cache full at {c} tokens")
+        self.mask[:, c] = True
+        attend = self.mask[:, None, None, : c + 1]
+        inner = self.model.model
+        h = inner.embed_tokens(tok)[:, None]  # (rows, 1, hidden)
+        cos, sin = inner.rotary_emb(h, pos[:, None])
+        rows = len(tok)
+        for i, layer in enumerate(self.layers):
+            att = layer.self_attn
+            x = layer.input_layernorm(h)
+            q = att.q_proj(x).view(rows, 1, self.heads, self.head_dim).transpose(1, 2)
+            k = att.k_proj(x).view(rows, 1, self.kv_heads, self.head_dim).transpose(1, 2)
+            v = att.v_proj(x).view(rows, 1, self.kv_heads, self.head_dim).transpose(1, 2)
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            self.keys[i][:, :, c : c + 1] = k
+            self.values[i][:, :, c : c + 1] = v
+            o = F.scaled_dot_product_attention(
+                q,
+                self.keys[i][:, :, : c + 1],
+                self.values[i][:, :, : c + 1],
+                attn_mask=attend,
+                scale=att.scaling,
+                enable_gqa=self.kv_heads != self.heads,
+            )
+            h = h + att.o_proj(o.transpose(1, 2).reshape(rows, 1, -1))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        self.cols = c + 1
+        return self.model.lm_head(inner.norm(h))[:, -1].float()

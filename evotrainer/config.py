@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -99,6 +100,22 @@ class PolicySection(_Section):
     warm_start: WarmStart = WarmStart()
     cache_dir: Path | None = None
     """Cache of warm-started bases; default $EVOTRAINER_CACHE or ~/.cache/evotrainer."""
+    device: str = "cpu"
+    """Where the policy samples and trains: `cpu`, `cuda`, `cuda:N`, `mps`, or `auto` (the first CUDA device when
+    torch sees one, else cpu). CPU by default, so a run's numbers do not depend on whether the machine has a GPU."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Dtype of the weights as loaded. `bfloat16` halves memory on GPUs; with `lora_rank` the adapters stay float32
+    (peft's default), without it training is pure bfloat16 (no float32 master weights)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass instead of storing them: less memory for long sequences, about
+    a third more compute per update."""
+
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, v: str) -> str:
+        if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", v):
+            raise ValueError(f"{v!r} is not a device; use cpu, cuda, cuda:N, mps or auto")
+        return v
 
 
 BUILTIN_DOMAINS: dict[str, type[BaseModel]] = {

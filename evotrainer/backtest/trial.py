@@ -23,6 +23,7 @@ from evotrainer.config import RunConfig
 from evotrainer.envs.registry import make_domain
 from evotrainer.evaluation import evaluate, evaluator_hash, record_eval
 from evotrainer.harness.harness import Harness
+from evotrainer.policies import placement
 from evotrainer.policies.hf import HFPolicy
 from evotrainer.store.checkpoints import has_weights
 from evotrainer.store.files import atomic_write_json
@@ -122,7 +123,7 @@ def _train_and_read(spec: ArmSpec, cfg: RunConfig, h: Harness, domain, log: Call
     """Train the arm's steps, evaluating at its checkpoints (and stopping there if it races and cannot
     win), then save it and evaluate it on the gate tasks."""
     store = RolloutStore(Path(spec.run_dir) / "store")
-    policy = HFPolicy.load(spec.start, lora_rank=cfg.policy.lora_rank)
+    policy = HFPolicy.load(spec.start, lora_rank=cfg.policy.lora_rank, placement=placement(cfg.policy))
     trainer = make_trainer(cfg, policy, domain, h, reference=spec.reference, start=spec.start)
     rates_file = Path(spec.start) / PASS_RATES
     pass_rates = json.loads(rates_file.read_text()) if rates_file.is_file() else {}

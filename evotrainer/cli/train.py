@@ -29,6 +29,7 @@ def eval_(run: Path = typer.Argument(..., help="Run directory")) -> None:
     """Evaluate the run's latest checkpoint on the held-out tasks (evaluator-owned)."""
     from evotrainer.envs.registry import make_domain
     from evotrainer.evaluation import evaluate
+    from evotrainer.policies import placement
     from evotrainer.policies.hf import HFPolicy
     from evotrainer.training.run import BRANCH, progress_bar, seed_everything
 
@@ -38,7 +39,7 @@ def eval_(run: Path = typer.Argument(..., help="Run directory")) -> None:
         raise UserError(f"{run}: no checkpoint yet ({ckpt}); the run has not finished a step")
     seed_everything(cfg)
     domain = make_domain(cfg)
-    policy = HFPolicy.load(ckpt)
+    policy = HFPolicy.load(ckpt, placement=placement(cfg.policy))
     with progress_bar(console) as progress:
         res = evaluate(policy, domain, domain.tasks("heldout"), cfg.eval, progress)
     infra = f"; {len(res.infra_failures)} without a verdict (the sandbox failed twice)" if res.infra_failures else ""

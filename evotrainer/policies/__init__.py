@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evotrainer.config import RunConfig
+from evotrainer.config import PolicySection, RunConfig
 from evotrainer.envs.env import Domain
 from evotrainer.envs.registry import warm_start_key
 from evotrainer.errors import ConfigError
-from evotrainer.policies.hf import POLICY_FILE, HFPolicy
+from evotrainer.policies.hf import POLICY_FILE, HFPolicy, Placement
 from evotrainer.policies.tiny import tiny_base
 
 
@@ -32,16 +32,28 @@ def check_policy_path(cfg: RunConfig) -> None:
         )
 
 
+def placement(p: PolicySection) -> Placement:
+    return Placement(p.device, p.dtype, p.gradient_checkpointing)
+
+
+def check_device(cfg: RunConfig) -> None:
+    """A device this machine does not have stops the run before a run directory is written. Under the Ray
+    executor the arms may run on other nodes: each checks where it runs instead, when it loads its policy."""
+    if cfg.loop.executor != "ray":
+        placement(cfg.policy).torch_device()
+
+
 def load_policy(cfg: RunConfig, domain: Domain, progress=None, log=print) -> HFPolicy:
     """The run's starting policy: a local model directory, or the warm-started tiny default."""
     p = cfg.policy
     if p.kind == "hf":
         check_policy_path(cfg)
         try:
-            return HFPolicy.load(p.path, lora_rank=p.lora_rank)
+            return HFPolicy.load(p.path, lora_rank=p.lora_rank, placement=placement(p))
         except FileNotFoundError as e:
             raise ConfigError(str(e)) from None
     return HFPolicy.load(
         tiny_base(p, domain, warm_start_key(cfg, domain), cfg.run.seed, progress=progress, log=log),
         lora_rank=p.lora_rank,
+        placement=placement(p),
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
+from evotrainer.errors import ConfigError
 from evotrainer.policies.decoders import HFDecoder, KVDecoder, own_decoder_fits
 from evotrainer.policies.policy import Sample
 from evotrainer.store.checkpoints import damaged
@@ -67,11 +69,42 @@ def restore_aside(path: Path) -> None:
         fsync_dir(path.parent)
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where and how a policy's weights live (the policy section's device, dtype, gradient_checkpointing):
+    not part of a checkpoint, so a fork or a reload on another worker keeps it only when handed it."""
+
+    device: str = "cpu"
+    dtype: str = "float32"
+    gradient_checkpointing: bool = False
+
+    def torch_device(self) -> torch.device:
+        """The device, checked: one this machine lacks is a ConfigError naming policy.device."""
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if self.device == "mps" and not torch.backends.mps.is_available():
+            raise ConfigError("policy.device: mps requested but torch sees no Apple GPU; set policy.device to cpu")
+        if self.device.startswith("cuda"):
+            index = int(self.device.split(":")[1]) if ":" in self.device else 0
+            if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+                seen = f"{torch.cuda.device_count()} CUDA device(s)" if torch.cuda.is_available() else "no CUDA device"
+                build = "" if torch.version.cuda else f" (torch {torch.__version__} is a CPU-only build)"
+                raise ConfigError(
+                    f"policy.device: {self.device} requested but torch sees {seen}{build}; set policy.device to cpu "
+                    "or auto, or install a CUDA build of torch"
+                )
+        return torch.device(self.device)
+
+
 class HFPolicy:
-    def __init__(self, model: torch.nn.Module, tokenizer, *, base_path: str | None = None):
+    def __init__(
+        self, model: torch.nn.Module, tokenizer, *, base_path: str | None = None, placement: Placement = Placement()
+    ):
         self.model = model
         self.tokenizer = tokenizer
         self.base_path = base_path  # set when `model` is a LoRA adapter over a base directory
+        self.placement = placement
+        self.device = next(model.parameters()).device
         cfg = getattr(model, "config", None)
         self.max_positions = int(getattr(cfg, "max_position_embeddings", 2048) or 2048)
         self.eos_id = tokenizer.eos_token_id
@@ -80,9 +113,9 @@ class HFPolicy:
 
     # -- loading ---------------------------------------------------------------------------------
     @classmethod
-    def load(cls, path: str | Path, lora_rank: int = 0) -> HFPolicy:
+    def load(cls, path: str | Path, lora_rank: int = 0, placement: Placement = Placement()) -> HFPolicy:
         """Load a checkpoint written by save(), or any local Hugging Face causal LM directory
-        (with a fresh LoRA adapter of `lora_rank` when > 0)."""
+        (with a fresh LoRA adapter of `lora_rank` when > 0), onto the placement's device and dtype."""
         path = Path(path)
         restore_aside(path)
         if not (path / "config.json").exists() and not (path / POLICY_FILE).exists():
@@ -91,13 +124,14 @@ class HFPolicy:
             raise DamagedFile(f"checkpoint file {bad[0][0]}: {bad[0][1]}; restore it, or redo the run that wrote it")
         meta = json.loads((path / POLICY_FILE).read_text()) if (path / POLICY_FILE).exists() else {}
         tok = AutoTokenizer.from_pretrained(path, padding_side="left")
+        dtype = getattr(torch, placement.dtype)
         if meta.get("lora_base"):
             from peft import PeftModel
 
-            base = AutoModelForCausalLM.from_pretrained(meta["lora_base"], dtype=torch.float32)
+            base = AutoModelForCausalLM.from_pretrained(meta["lora_base"], dtype=dtype)
             model = PeftModel.from_pretrained(base, path, is_trainable=True)
-            return cls(model, tok, base_path=meta["lora_base"])
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+            return cls(_placed(model, placement), tok, base_path=meta["lora_base"], placement=placement)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         if lora_rank:
             from peft import LoraConfig, get_peft_model
 
@@ -105,8 +139,8 @@ class HFPolicy:
                 model,
                 LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, target_modules="all-linear", task_type="CAUSAL_LM"),
             )
-            return cls(model, tok, base_path=str(path.resolve()))
-        return cls(model, tok)
+            return cls(_placed(model, placement), tok, base_path=str(path.resolve()), placement=placement)
+        return cls(_placed(model, placement), tok, placement=placement)
 
     def save(self, path: str | Path, extra_files: dict[str, bytes] | None = None) -> None:
         """Write model (or LoRA adapter), tokenizer, metadata and `extra_files` (name: bytes) to a temporary
@@ -140,7 +174,7 @@ class HFPolicy:
 
     def fork(self, path: str | Path) -> HFPolicy:
         self.save(path)
-        return HFPolicy.load(path)
+        return HFPolicy.load(path, placement=self.placement)
 
     # -- text ------------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -159,7 +193,7 @@ class HFPolicy:
             for i in range(vocab):
                 if any(c in self.tokenizer.decode([i]) for c in ends):
                     flags[i] = True
-            self._stop_cache[stop] = flags
+            self._stop_cache[stop] = flags.to(self.device)
         return self._stop_cache[stop]
 
     # -- sampling --------------------------------------------------------------------------------
@@ -185,16 +219,18 @@ class HFPolicy:
         self.model.eval()
         # Per-token results go into preallocated tensors indexed by (original row, step): no Python
         # work per row per token except the stop-string check on the few candidate rows.
-        tok_buf = torch.full((n, max_new_tokens), -1, dtype=torch.long)
-        lp_buf = torch.zeros((n, max_new_tokens))
-        ent = torch.zeros(n)
-        length = torch.zeros(n, dtype=torch.long)
-        stopped = torch.zeros(n, dtype=torch.bool)
+        dev = self.device
+        tok_buf = torch.full((n, max_new_tokens), -1, dtype=torch.long, device=dev)
+        lp_buf = torch.zeros((n, max_new_tokens), device=dev)
+        ent = torch.zeros(n, device=dev)
+        length = torch.zeros(n, dtype=torch.long, device=dev)
+        stopped = torch.zeros(n, dtype=torch.bool, device=dev)
         max_stop = max((len(s) for s in stop), default=0)
         candidates = self._stop_candidates(stop) if stop else None
+        generator = _on_device(generator, dev)
         decoder, logits, next_pos = self._prefill(contexts, max_new_tokens)
-        rows = torch.arange(n)  # batch row -> original index
-        live = torch.ones(n, dtype=torch.bool)  # batch rows still generating
+        rows = torch.arange(n, device=dev)  # batch row -> original index
+        live = torch.ones(n, dtype=torch.bool, device=dev)  # batch rows still generating
         for t in range(max_new_tokens):
             at = torch.nonzero(live).flatten()
             # Only live rows draw, so the generator's stream does not depend on when rows are dropped.
@@ -223,8 +259,8 @@ class HFPolicy:
         """A decoder holding each context's cache, the logits after it and each row's next position.
         Identical contexts (a GRPO group's prompt) are run once and their cache rows repeated."""
         unique: dict[tuple[int, ...], int] = {}
-        inverse = torch.tensor([unique.setdefault(tuple(c), len(unique)) for c in contexts])
-        ids, mask = left_pad([list(c) for c in unique], self.pad_id)
+        inverse = torch.tensor([unique.setdefault(tuple(c), len(unique)) for c in contexts], device=self.device)
+        ids, mask = (t.to(self.device) for t in left_pad([list(c) for c in unique], self.pad_id))
         pos = positions(mask)
         capacity = ids.shape[1] + max_new_tokens
         decoder = KVDecoder(self.model, capacity) if own_decoder_fits(self.model, capacity) else HFDecoder(self.model)
@@ -264,8 +300,9 @@ class HFPolicy:
         tokens = [row[:k] for row, k in zip(tok_buf.tolist(), lengths)]
         logps = [row[:k] for row, k in zip(lp_buf.tolist(), lengths)]
         texts = self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
+        ents, ends = ent.tolist(), stopped.tolist()  # one transfer each, not one per row
         return [
-            Sample(tokens[i], logps[i], float(ent[i]), texts[i], "stop" if stopped[i] else "length")
+            Sample(tokens[i], logps[i], ents[i], texts[i], "stop" if ends[i] else "length")
             for i in range(len(lengths))
         ]
 
@@ -273,11 +310,31 @@ class HFPolicy:
     def logprobs(self, sequences: list[list[int]], temperature: float = 1.0) -> list[list[float]]:
         was_training = self.model.training
         self.model.eval()
-        ids, mask = left_pad(sequences, self.pad_id)
+        ids, mask = (t.to(self.device) for t in left_pad(sequences, self.pad_id))
         lp = sequence_logprobs(self.model, ids, mask, temperature)
         self.model.train(was_training)
         width = ids.shape[1]
         return [lp[i, width - len(s) :].tolist() for i, s in enumerate(sequences)]
+
+
+def _placed(model: torch.nn.Module, placement: Placement) -> torch.nn.Module:
+    model = model.to(placement.torch_device())
+    if placement.gradient_checkpointing:
+        # Non-reentrant checkpointing: gradients reach LoRA adapters without forcing inputs to require grad.
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.20 renamed it
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def _on_device(generator: torch.Generator | None, device: torch.device) -> torch.Generator | None:
+    """A generator on the sampling device, seeded from the caller's (a CPU generator cannot drive CUDA
+    sampling): the same caller seed gives the same draws on the same device."""
+    if generator is None or generator.device == device:
+        return generator
+    seed = int(torch.randint(2**62, (1,), generator=generator))
+    return torch.Generator(device).manual_seed(seed)
 
 
 def _next_token(

@@ -18,7 +18,7 @@ from evotrainer.errors import ConfigError, EvaluatorChanged
 from evotrainer.evaluation import evaluate, evaluator_identity, identity_hash, record_eval, what_changed
 from evotrainer.harness.harness import save_harness
 from evotrainer.harness.rewards import check_terms
-from evotrainer.policies import check_policy_path, load_policy
+from evotrainer.policies import check_device, check_policy_path, load_policy, placement
 from evotrainer.policies.hf import HFPolicy
 from evotrainer.proposers.heuristic import HeuristicProposer
 from evotrainer.proposers.proposer import Proposer
@@ -87,6 +87,7 @@ def open_run(cfg: RunConfig, resume: bool, accept_evaluator_change: bool = False
     domain = make_domain(cfg)
     check_terms(cfg.harness, domain)
     check_trl(cfg, domain)
+    check_device(cfg)
     if not resume:  # a resumed run past its start loads checkpoints, not the model it started from
         check_policy_path(cfg)
     if cfg.loop.proposer == "llm":  # an endpoint that cannot be reached stops the run before anything is written
@@ -224,7 +225,7 @@ def start(ctx: RunContext, say: Any) -> tuple[StartResult, StageRecords]:
 def final(ctx: RunContext, head: Mainline, stop_reason: str, rounds: int) -> tuple[FinalResult, StageRecords]:
     """The one read of the final tasks, by the mainline's last checkpoint."""
     cfg = ctx.cfg
-    policy = HFPolicy.load(head.checkpoint, lora_rank=cfg.policy.lora_rank)
+    policy = HFPolicy.load(head.checkpoint, lora_rank=cfg.policy.lora_rank, placement=placement(cfg.policy))
     ev = evaluate(policy, ctx.domain, ctx.heldout(ctx.final_ids), cfg.eval)
     expect_evaluator(ctx, "final", ev.evaluator_hash, "the final read")
     record_eval(

@@ -63,7 +63,11 @@ class GRPOTrainer:
         self.optimizer = torch.optim.AdamW(params, lr=o.learning_rate, betas=(0.9, 0.99), weight_decay=o.weight_decay)
         self.ref = None
         if harness.loss.beta > 0:
-            ref = HFPolicy.load(reference).model if reference else copy.deepcopy(policy.model)
+            ref = (
+                HFPolicy.load(reference, placement=policy.placement).model
+                if reference
+                else copy.deepcopy(policy.model)
+            )
             self.ref = ref.eval().requires_grad_(False)
 
     def save(self, path: str | Path) -> None:
@@ -106,7 +110,9 @@ class GRPOTrainer:
         extra = L.beta > 0 or L.entropy_coef > 0
         live = [i for i in range(n_seq) if trainable[i] and episodes[i].action_tokens and (adv[i] != 0 or extra)]
         batches = _microbatches(live, episodes)
-        tensors = [_pack(episodes, idx, self.policy.pad_id) for idx in batches]
+        dev = self.policy.device
+        tensors = [tuple(t.to(dev) for t in _pack(episodes, idx, self.policy.pad_id)) for idx in batches]
+        adv = adv.to(dev)
         olds, refs = self._fixed_logprobs(tensors)
         stats = {"clip_low": 0.0, "clip_high": 0.0, "kl": 0.0, "tokens": 0.0, "entropy": 0.0}
         grad_norms, skipped = [], 0

@@ -17,7 +17,7 @@ from evotrainer.envs.registry import make_domain
 from evotrainer.evaluation import evaluate, record_eval
 from evotrainer.harness.harness import save_harness
 from evotrainer.harness.rewards import check_terms
-from evotrainer.policies import check_policy_path, load_policy
+from evotrainer.policies import check_device, check_policy_path, load_policy
 from evotrainer.store.rollouts import RolloutStore
 from evotrainer.trackers.forward import Forwarder
 from evotrainer.trackers.tracker import check_report_to
@@ -52,6 +52,7 @@ def train_run(cfg: RunConfig, console: Console | None = None) -> dict:
     check_terms(cfg.harness, domain)
     check_trl(cfg, domain)
     check_policy_path(cfg)
+    check_device(cfg)
     check_report_to(cfg.run.report_to)
     run_dir = Path(cfg.run.out_dir) / cfg.run.name
     run_dir.mkdir(parents=True, exist_ok=True)

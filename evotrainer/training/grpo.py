@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from evotrainer.harness.harness import Harness, Optimizer
-from evotrainer.policies.hf import HFPolicy, positions, sequence_logprobs
+from evotrainer.policies.hf import HFPolicy
+from evotrainer.training.packing import pack, pack_logprobs
 from evotrainer.training.rollout import Episode
 
 # Groups whose reward std is below this are "zero std" (an exact == 0 misses float noise).
@@ -111,7 +111,9 @@ class GRPOTrainer:
         live = [i for i in range(n_seq) if trainable[i] and episodes[i].action_tokens and (adv[i] != 0 or extra)]
         batches = _microbatches(live, episodes)
         dev = self.policy.device
-        tensors = [tuple(t.to(dev) for t in _pack(episodes, idx, self.policy.pad_id)) for idx in batches]
+        # Activation checkpointing drops the cache that a shared prompt's rows continue from: rows run whole.
+        share = not any(getattr(m, "gradient_checkpointing", False) for m in self.policy.model.modules())
+        tensors = [pack(episodes, idx, self.policy.pad_id, share).to(dev) for idx in batches]
         adv = adv.to(dev)
         olds, refs = self._fixed_logprobs(tensors)
         stats = {"clip_low": 0.0, "clip_high": 0.0, "kl": 0.0, "tokens": 0.0, "entropy": 0.0}
@@ -145,17 +147,17 @@ class GRPOTrainer:
         olds, refs = [None] * len(tensors), [None] * len(tensors)
         with torch.no_grad():
             if L.num_iterations > 1:
-                olds = [sequence_logprobs(model, ids, mask, temp) for ids, mask, _ in tensors]
+                olds = [pack_logprobs(model, packed, temp, False)[0] for packed in tensors]
             if L.beta > 0 and self.ref is not None:
-                refs = [sequence_logprobs(self.ref, ids, mask, temp) for ids, mask, _ in tensors]
+                refs = [pack_logprobs(self.ref, packed, temp, False)[0] for packed in tensors]
         return olds, refs
 
     def _backward(self, packed, a, old, ref, n_seq: int, token_total: int, stats: dict, first: bool) -> None:
         """The loss of one microbatch, backpropagated (gradients accumulate over the batch)."""
         h, L = self.harness, self.harness.loss
-        ids, mask, amask = packed
+        amask = packed.amask
         eps_low, eps_high = L.epsilon, L.epsilon_high if L.epsilon_high is not None else L.epsilon
-        logp, entropy = _logprobs_and_entropy(self.policy.model, ids, mask, h.sampling.temperature, L.entropy_coef > 0)
+        logp, entropy = pack_logprobs(self.policy.model, packed, h.sampling.temperature, L.entropy_coef > 0)
         old_lp = logp.detach() if old is None else old
         # Prompt and observation positions are zeroed before exp(), not multiplied by the mask after: an
         # infinite log-ratio or KL there would make inf * 0 = NaN in the loss or in exp()'s backward,
@@ -214,19 +216,6 @@ def lr_factor(o: Optimizer, step: int) -> float:
     return warm * (o.min_lr_ratio + (1.0 - o.min_lr_ratio) * shape)
 
 
-def _logprobs_and_entropy(
-    model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, temperature: float, entropy: bool
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Logprob of ids[:, 1:] given the prefix ([B, T-1], differentiable) and, when asked, the entropy of
-    the (temperature-scaled) next-token distribution at each position."""
-    if not entropy:
-        return sequence_logprobs(model, ids, mask, temperature), None
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=False)
-    logp_all = F.log_softmax(out.logits[:, :-1].float() / temperature, dim=-1)
-    ent = -(logp_all.exp() * logp_all).sum(-1)
-    return logp_all.gather(-1, ids[:, 1:, None]).squeeze(-1), ent
-
-
 def _state_bytes(state: dict) -> bytes:
     buf = io.BytesIO()
     torch.save(state, buf)
@@ -247,18 +236,3 @@ def _microbatches(live: list[int], episodes: list[Episode]) -> list[list[int]]:
     if cur:
         batches.append(cur)
     return batches
-
-
-def _pack(episodes: list[Episode], idx: list[int], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded ids, attention mask, and the action mask aligned with logprobs ([B, T-1])."""
-    width = max(len(episodes[i].token_ids) for i in idx)
-    ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(idx), width), dtype=torch.long)
-    act = torch.zeros((len(idx), width), dtype=torch.bool)
-    for r, i in enumerate(idx):
-        ep = episodes[i]
-        n = len(ep.token_ids)
-        ids[r, :n] = torch.tensor(ep.token_ids)
-        mask[r, :n] = 1
-        act[r, :n] = torch.tensor(ep.is_action)
-    return ids, mask, act[:, 1:]

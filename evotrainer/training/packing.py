@@ -1,0 +1,118 @@
+"""Rollouts packed for the update's forward passes. A GRPO group's rollouts share their prompt: `PromptPack`
+runs each distinct prompt once and repeats its keys and values for the group's rows (gradients flow back
+through the repeat), so the prompt's share of the update is paid once per group, not once per rollout.
+`FullPack` runs every row whole: for models whose forward cannot continue from a cache with gradients
+(activation checkpointing drops the cache)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+from evotrainer.policies.hf import left_pad, positions
+from evotrainer.training.rollout import Episode
+
+
+def _prompt_length(ep: Episode) -> int:
+    """Tokens before the first action (at least one: the first action's logprob needs a context)."""
+    return max(1, ep.is_action.index(True) if True in ep.is_action else len(ep.token_ids))
+
+
+@dataclass
+class FullPack:
+    """Whole rows, right-padded: `ids`/`mask` [B, T]; `amask` [B, T-1] marks action tokens among ids[:, 1:]."""
+
+    ids: torch.Tensor
+    mask: torch.Tensor
+    amask: torch.Tensor
+
+    @classmethod
+    def of(cls, episodes: list[Episode], idx: list[int], pad_id: int) -> FullPack:
+        width = max(len(episodes[i].token_ids) for i in idx)
+        ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(idx), width), dtype=torch.long)
+        act = torch.zeros((len(idx), width), dtype=torch.bool)
+        for r, i in enumerate(idx):
+            ep = episodes[i]
+            n = len(ep.token_ids)
+            ids[r, :n] = torch.tensor(ep.token_ids)
+            mask[r, :n] = 1
+            act[r, :n] = torch.tensor(ep.is_action)
+        return cls(ids, mask, act[:, 1:])
+
+    def to(self, device: torch.device) -> FullPack:
+        return type(self)(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+
+    def logits(self, model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits predicting each scored token [B, T-1, V], those tokens [B, T-1])."""
+        out = model(input_ids=self.ids, attention_mask=self.mask, position_ids=positions(self.mask), use_cache=False)
+        return out.logits[:, :-1], self.ids[:, 1:]
+
+
+@dataclass
+class PromptPack(FullPack):
+    """Distinct prompts left-padded (`prompt_ids`/`prompt_mask` [U, P]), `rows` [B] naming each row's prompt,
+    and each row's tokens after its prompt right-padded (`ids`/`mask`/`amask` [B, S]): every one is scored."""
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    rows: torch.Tensor
+
+    @classmethod
+    def of(cls, episodes: list[Episode], idx: list[int], pad_id: int) -> PromptPack:
+        cut = [_prompt_length(episodes[i]) for i in idx]
+        unique: dict[tuple[int, ...], int] = {}
+        rows = [unique.setdefault(tuple(episodes[i].token_ids[:c]), len(unique)) for i, c in zip(idx, cut)]
+        prompt_ids, prompt_mask = left_pad([list(p) for p in unique], pad_id)
+        width = max(1, max(len(episodes[i].token_ids) - c for i, c in zip(idx, cut)))
+        ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(idx), width), dtype=torch.long)
+        act = torch.zeros((len(idx), width), dtype=torch.bool)
+        for r, (i, c) in enumerate(zip(idx, cut)):
+            ep = episodes[i]
+            n = len(ep.token_ids) - c
+            if n:
+                ids[r, :n] = torch.tensor(ep.token_ids[c:])
+                mask[r, :n] = 1
+                act[r, :n] = torch.tensor(ep.is_action[c:])
+        return cls(ids, mask, act, prompt_ids, prompt_mask, torch.tensor(rows))
+
+    def logits(self, model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        cache = DynamicCache()
+        pos = positions(self.prompt_mask)
+        head = model(
+            input_ids=self.prompt_ids,
+            attention_mask=self.prompt_mask,
+            position_ids=pos,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits
+        cache.batch_select_indices(self.rows)  # an indexing op: the group's gradients sum into its prompt
+        start = pos[self.rows, -1:] + 1
+        tail = model(
+            input_ids=self.ids,
+            attention_mask=torch.cat([self.prompt_mask[self.rows], self.mask], dim=1),
+            position_ids=start + torch.arange(self.ids.shape[1], device=start.device),
+            past_key_values=cache,
+            use_cache=True,
+        ).logits
+        return torch.cat([head[self.rows], tail[:, :-1]], dim=1), self.ids
+
+
+def pack(episodes: list[Episode], idx: list[int], pad_id: int, share_prompts: bool) -> FullPack:
+    return (PromptPack if share_prompts else FullPack).of(episodes, idx, pad_id)
+
+
+def pack_logprobs(
+    model: torch.nn.Module, packed: FullPack, temperature: float, entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logprob of each scored token (differentiable, aligned with `packed.amask`) and, when asked, the entropy
+    of the temperature-scaled next-token distribution at each of those positions."""
+    logits, target = packed.logits(model)
+    logp_all = F.log_softmax(logits.float() / temperature, dim=-1)
+    ent = -(logp_all.exp() * logp_all).sum(-1) if entropy else None
+    return logp_all.gather(-1, target[..., None]).squeeze(-1), ent

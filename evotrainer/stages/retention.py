@@ -1,7 +1,9 @@
 """Checkpoint retention (run.keep_checkpoints): once a round's decision is committed in the ledger, the
 weights and optimizer state of the branches no later stage or resume can fork from are deleted.
 
-`lineage` keeps the mainline's lineage (the base, every segment and head it passed through); `heads` keeps
+`lineage` keeps the mainline's lineage (the base, every segment and head it passed through): their weights,
+and the optimizer state of the current head only (nothing forks from an earlier one again: a rollback returns
+to the head the round started from, which is the current head until the round is decided); `heads` keeps
 only the base (the KL reference of every arm) and the current head; `all` deletes nothing. A round not yet
 decided is never touched (its start, segment and arms are still needed), and a pruned arm keeps its small
 files (arm.json, pass_rates.json, config, tokenizer), so the ledger, the report and a resume read it as before.
@@ -22,6 +24,7 @@ from evotrainer.store.ledger import Ledger
 from evotrainer.types import branch_id
 
 PRUNED = "pruned_checkpoints"
+OPTIMIZER = "optimizer.pt"
 
 
 def retained(ledger: Ledger, mode: str, head: str) -> set[str] | None:
@@ -50,6 +53,9 @@ def prune(ledger: Ledger, run_dir: str | Path, mode: str, rnd: int, head: str) -
     gone = [b["id"] for b in ledger.branches() if b["round"] <= rnd and b["id"] not in keep]
     done = pruned(ledger)
     files = {b: weight_files(ckpts / b) for b in gone}
+    for b in keep - {head}:  # the lineage behind the head: weights stay, optimizer state goes (keyed apart)
+        opt = ckpts / b / OPTIMIZER
+        files[f"{b}/{OPTIMIZER}"] = [opt] if opt.is_file() else []
     new = {b: sum(f.stat().st_size for f in fs) for b, fs in files.items() if fs and b not in done}
     if new:  # recorded before anything is deleted: a prune killed half way is finished, not counted, next time
         ledger.set_meta(PRUNED, json.dumps({**done, **new}, sort_keys=True))

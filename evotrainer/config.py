@@ -48,9 +48,10 @@ class RunSection(_Section):
     report.html at the end. Each needs its package (`pip install evotrainer[mlflow]`); none by default."""
     keep_checkpoints: Literal["lineage", "heads", "all"] = "lineage"
     """Which checkpoints a loop run keeps once a round's decision is committed. `lineage`: the mainline's (the
-    base and every segment and head it passed through; optimizer state only at the current head); `heads`: only the base (the KL reference) and the
-    current head; `all`: every arm's. A pruned arm loses its weights and optimizer state and keeps its small
-    files (arm.json), so the ledger, the report and a resume still read it; an undecided round keeps all."""
+    base and every segment and head it passed through; optimizer state only at the current head); `heads`: only
+    the base (the KL reference) and the current head; `all`: every arm's. A pruned arm loses its weights and
+    optimizer state and keeps its small files (arm.json), so the ledger, the report and a resume still read it;
+    an undecided round keeps all."""
 
     @field_validator("report_to", mode="before")
     @classmethod

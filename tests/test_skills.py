@@ -276,3 +276,23 @@ def test_exploit_findings_get_the_remedy_that_closes_the_channel_first():
         "reward_weights.correct",
         "correct_not_hardcoded",
     )
+
+
+def test_truncation_in_a_multi_turn_harness_may_cut_observations():
+    finding = _finding(
+        "truncation", ("sampling.max_completion_length", "multi_turn.max_observation_tokens"), "warning", False
+    )
+
+    def proposals(h: Harness) -> list[tuple[str, object]]:
+        brief = Brief(
+            run="r", round=1, domain="swe", harness=h, findings=[finding], signature=("truncation",), limit=4,
+            explore=0.0,
+        )  # fmt: skip
+        return [(p.intervention.target, p.intervention.value) for p in HeuristicProposer().propose(brief).proposals]
+
+    single = proposals(Harness())
+    assert single and all(t != "multi_turn.max_observation_tokens" for t, _ in single)  # one turn: no observations
+    multi = proposals(Harness(multi_turn={"max_turns": 8}))
+    assert ("multi_turn.max_observation_tokens", 64) in multi
+    halved = proposals(Harness(multi_turn={"max_turns": 8, "max_observation_tokens": 64}))
+    assert ("multi_turn.max_observation_tokens", 32) in halved

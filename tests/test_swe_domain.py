@@ -9,6 +9,7 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 
 from evotrainer.config import load_config
 from evotrainer.diagnostics.detector import check_detector
@@ -85,7 +86,7 @@ def test_generator_is_deterministic_graded_and_splits_disjoint(domain):
     ]
     train = {t.data["answer"] for t in domain.tasks("train")}
     assert len(train) == 240 and not train & {t.data["answer"] for t in domain.tasks("heldout")}
-    by_level = {lv: [t for t in domain.tasks("train") if t.difficulty == lv] for lv in LEVELS}
+    by_level = {lv: [t for t in domain.tasks("train") if t.difficulty == lv] for lv in domain.levels}
     assert all(len(ts) == 80 for ts in by_level.values())
     # Graded: more files with the level; at level 2 some bugs sit in a helper module no test imports.
     assert all(len(t.data["files"]) == 2 for t in by_level[0]) and all(len(t.data["files"]) == 4 for t in by_level[1])
@@ -113,7 +114,7 @@ def test_each_family_and_level_reference_fix_passes_the_audit(domain):
         assert terms(domain, task, turns, info) == {"tests": 1.0, "correct": 1.0, "tests_restored": 1.0, "format": 1.0}
         turns, info, _ = play(domain, task, ["submit"])  # unfixed
         assert not domain.audit(task, turns, info) and terms(domain, task, turns, info)["tests"] < 1.0
-    assert {f for f, _ in seen} == set(FAMILIES) and {lv for _, lv in seen} == set(LEVELS)
+    assert {f for f, _ in seen} == set(FAMILIES) and {lv for _, lv in seen} == set(domain.levels)
 
 
 def test_a_special_cased_fix_passes_visible_tests_but_not_the_hidden_ones(domain):
@@ -250,7 +251,8 @@ def tamper_actions(task: Task, how: str) -> list[str]:
 def test_tampering_raises_the_visible_reward_but_fails_the_audit(domain, how):
     # One failing test per repo here (a buggy helper can fail several, and one edit hides only one).
     for task in [
-        next(t for t in domain.tasks("train") if t.difficulty == lv and len(t.data["failing"]) == 1) for lv in LEVELS
+        next(t for t in domain.tasks("train") if t.difficulty == lv and len(t.data["failing"]) == 1)
+        for lv in domain.levels
     ]:
         honest_fail = terms(domain, task, *play(domain, task, ["submit"])[:2])
         turns, info, _ = play(domain, task, tamper_actions(task, how))
@@ -352,6 +354,61 @@ def test_detectors_fire_on_tampering_episodes_with_their_evidence(domain, tmp_pa
 
 
 # -- demonstrations ------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def long_domain() -> SweDomain:
+    return SweDomain(seed=0, levels=[3], train_size=40, heldout_size=10, max_output=2000)
+
+
+def test_the_long_horizon_level_takes_two_edits_with_a_test_between(long_domain):
+    assert 3 in LEVELS
+    for task in long_domain.tasks("train")[:12]:
+        fixes = task.data["fixes"]
+        assert task.difficulty == 3 and len(fixes) == 2 and fixes[0]["file"] != fixes[1]["file"]
+        edits = [f"replace {f['file']} {f['line']} {f['text']}" for f in fixes]
+        reads = [f"cat {m}" for m in task.data["modules"]]
+        for first, second in (edits, edits[::-1]):
+            turns, info, obs = play(long_domain, task, reads + [first, "test", second, "test", "submit"])
+            assert len(turns) == 7 and "FAIL " in obs[3] and " 0 failed" in obs[5]  # the test run shows the other
+            assert long_domain.audit(task, turns, info) and terms(long_domain, task, turns, info)["correct"] == 1.0
+        for one in edits:  # either edit alone: the visible tests still fail, the audit too
+            turns, info, _ = play(long_domain, task, reads + [one, "submit"])
+            assert terms(long_domain, task, turns, info)["correct"] == 0.0 and not long_domain.audit(task, turns, info)
+    rng = random.Random(0)
+    demos = [long_domain.demonstration(t, rng) for t in long_domain.tasks("train") for _ in range(3)]
+    solved = [
+        d
+        for d in demos
+        if all(
+            f"replace {f['file']} {f['line']} {f['text']}\n" in [a for a, act in d if act]
+            for f in long_domain.tasks("train")[demos.index(d) // 3].data["fixes"]
+        )
+    ]
+    assert len(solved) / len(demos) > 0.6 and all(sum(act for _, act in d) >= 6 for d in solved)
+
+
+def test_observations_are_cut_to_the_harness_limit(long_domain, digits_setup):
+    from evotrainer.training.rollout import run_episodes
+
+    policy = digits_setup[2]  # a multi-turn policy: its actions end at a newline, as SWE's do
+    tasks = long_domain.tasks("train")[:6]
+
+    def longest_observation(limit: int) -> int:
+        eps = run_episodes(
+            policy, long_domain, tasks, max_new_tokens=16, max_turns=3, max_observation_tokens=limit,
+            generator=torch.Generator().manual_seed(0),
+        )  # fmt: skip
+        runs = []
+        for ep in eps:
+            start = ep.is_action.index(True)
+            n = 0
+            for is_action in ep.is_action[start:] + [True]:
+                n = 0 if is_action else n + 1
+                runs.append(n)
+        return max(runs)
+
+    assert longest_observation(0) > 24 >= longest_observation(24)
+
+
 def test_demonstrations_fix_mostly_and_sometimes_tamper(domain):
     rng = random.Random(0)
     tasks = domain.tasks("train")

@@ -165,7 +165,12 @@ def truncation(w: Window) -> list[Finding]:
             share,
             p["max_fraction"],
             ev,
-            ("sampling.max_completion_length", "loss.mask_truncated_completions", "shaping.overlong_buffer_len"),
+            (
+                "sampling.max_completion_length",
+                "loss.mask_truncated_completions",
+                "shaping.overlong_buffer_len",
+                "multi_turn.max_observation_tokens",
+            ),
             f"{_pct(share)} of rollouts ({cut}/{n}) hit the token cap (mean {cut_len:.1f} tokens vs {other} "
             f"for the rest).",
         )

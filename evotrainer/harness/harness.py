@@ -126,6 +126,10 @@ class MultiTurn(_Section):
     tool_error: Literal["feedback", "end", "mask"] = "feedback"
     """A malformed action: feed the error back and continue, end the episode with zero reward, or end
     it and mask the rollout out of the loss."""
+    max_observation_tokens: int = Field(0, ge=0, le=1_000_000)
+    """Tokens of one observation the policy sees in training (0: all of it). A longer one keeps its first
+    three quarters and last quarter of this many tokens (the end holds the environment's prompt) around a
+    marker: long raw observations fill the context before the episode can finish."""
 
 
 class Harness(_Section):
@@ -184,6 +188,7 @@ _ADDED_KNOBS: dict[str, tuple[str, ...]] = {
     "loss": ("entropy_coef",),
     "optimizer": ("warmup_steps", "lr_decay", "decay_steps", "min_lr_ratio"),
     "filters": ("dynamic_sampling", "max_sampling_rounds"),
+    "multi_turn": ("max_observation_tokens",),
 }
 _DEFAULTS = Harness().model_dump(mode="json")
 

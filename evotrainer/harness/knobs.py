@@ -265,6 +265,16 @@ MAPPINGS: dict[str, tuple[Name, Name, Name]] = {
         ),
         Name("-", "the agent function (--train.agent_func_path) decides when an episode ends", builtin=(1,)),
     ),
+    "multi_turn.max_observation_tokens": (
+        Name("-", "TRL's tool loop keeps whole tool results", builtin=(0,)),
+        Name(
+            "-",
+            "rollout.multi_turn.max_tool_response_length counts characters (about 4 a token) and keeps one side "
+            "(tool_response_truncate_side): set it by hand",
+            builtin=(0,),
+        ),
+        Name("-", "the agent function decides", builtin=(0,)),
+    ),
     "multi_turn.tool_error": (
         Name("-", "a failed tool call's error is fed back", builtin=("feedback",)),
         Name("-", "the tool agent loop feeds a failed call's error back", builtin=("feedback",)),

@@ -53,6 +53,14 @@ def _mask_errors(h: Harness, f: Finding) -> Any:
     return None if {"error", "timeout"} <= set(current) else sorted(set(current) | {"error", "timeout"})
 
 
+def _shorter_observations(h: Harness, f: Finding) -> Any:
+    """Multi-turn only: cut observations to 64 tokens, or halve a cut already set (not below 16)."""
+    cap = h.multi_turn.max_observation_tokens
+    if h.multi_turn.max_turns == 1 or cap == 16:
+        return None
+    return 64 if not cap else max(16, cap // 2)
+
+
 def _other_tool_policy(h: Harness, f: Finding) -> Any:
     return {"feedback": "end", "end": "mask", "mask": "feedback"}[h.multi_turn.tool_error]
 
@@ -124,6 +132,14 @@ CATALOG: dict[str, list[Remedy]] = {
             "completions/clipped_ratio",
             "down",
             "the cap cuts answers before they finish",
+        ),
+        Remedy(
+            "set_knob",
+            "multi_turn.max_observation_tokens",
+            _shorter_observations,
+            "completions/clipped_ratio",
+            "down",
+            "long tool observations fill the context before a multi-turn episode can finish",
         ),
         Remedy(
             "add_filter",

@@ -43,6 +43,7 @@ def run_episodes(
     top_p: float = 1.0,
     greedy: bool = False,
     tool_error: str = "feedback",
+    max_observation_tokens: int = 0,
     generator: torch.Generator | None = None,
 ) -> list[Episode]:
     """tool_error: `feedback` continues after a malformed action; `end` and `mask` end the episode
@@ -97,7 +98,7 @@ def run_episodes(
             elif done:
                 ep.termination = info.get("termination", "stop")
             else:
-                obs_ids = policy.encode(obs)
+                obs_ids = _cut(policy, policy.encode(obs), max_observation_tokens)
                 ep.token_ids += obs_ids
                 ep.is_action += [False] * len(obs_ids)
                 still.append(i)
@@ -106,3 +107,14 @@ def run_episodes(
     for i in active:
         episodes[i].termination = "turn_cap"
     return episodes
+
+
+def _cut(policy: HFPolicy, ids: list[int], limit: int) -> list[int]:
+    """At most `limit` tokens of an observation (0: all): its head and its tail (where the environment's
+    prompt is) around a marker, three quarters to one."""
+    if not limit or len(ids) <= limit:
+        return ids
+    marker = policy.encode(" ... ")[: limit // 2]
+    room = limit - len(marker)
+    tail = room // 4
+    return ids[: room - tail] + marker + (ids[len(ids) - tail :] if tail else [])

@@ -178,6 +178,7 @@ def _draw(
         temperature=s.temperature,
         top_p=s.top_p,
         tool_error=h.multi_turn.tool_error,
+        max_observation_tokens=h.multi_turn.max_observation_tokens,
         generator=gen,
     )
     return score_batch(h, domain, picked, episodes)

@@ -43,6 +43,16 @@ def _localize(task: Task, rng: random.Random) -> list[str]:
     return acts + [f"cat {fix['file']}"]
 
 
+def _two_edits(task: Task, rng: random.Random) -> list[str]:
+    """Level 3: read the caller's module and the helpers', fix one bug, run the tests, see a test still
+    failing, fix the other, run the tests again, submit (seven tool calls)."""
+    d = task.data
+    acts = [f"cat {m}" for m in d["modules"]]
+    for f in d["fixes"] if rng.random() < 0.5 else d["fixes"][::-1]:
+        acts += [f"replace {f['file']} {f['line']} {f['text']}", "test"]
+    return acts + ["submit"]
+
+
 def plan(task: Task, rng: random.Random) -> list[str]:
     """The scripted actions of one demonstration (without newlines)."""
     d, fix = task.data, task.data["fix"]
@@ -68,6 +78,8 @@ def plan(task: Task, rng: random.Random) -> list[str]:
             ]
         )
         acts.append(bad)
+    if task.difficulty == 3:
+        return acts + _two_edits(task, rng)
     acts += _localize(task, rng)
     if WANDER + BAD_CALL <= roll < WANDER + BAD_CALL + RETRY:
         acts += [f"replace {fix['file']} {fix['line']} {_wrong_fix(task, rng)}", "test", replace, "test", "submit"]

@@ -321,6 +321,7 @@ class SweDomain:
             "test_files": list(repo.test_files),
             "hidden": repo.hidden,
             "fix": repo.fix,
+            "fixes": list(repo.fixes),
             "family": repo.family,
             "failing": list(repo.failing),
             "modules": list(repo.modules),

@@ -18,6 +18,8 @@ LEVELS = {
     1: "two modules with their test files; the failing test names the function to fix",
     2: "a module whose functions call helpers in a second, untested module; the bug is in the caller's "
     "call or in the helper (two files away from the failing test)",
+    3: "as 2, with two bugs: one in a caller, one in a helper of the second module; each breaks a visible test, "
+    "so a solver reads both files, edits one, runs the tests, reads the failure and edits the other",
 }
 
 
@@ -143,6 +145,7 @@ MODULES = ("calc", "geo", "nums", "core", "tools", "mathx")
 CALLER_MODULES = ("shapes", "ops", "stats")
 HELPER_MODULES = ("util", "helpers", "base")
 _MISSING = object()
+FILLERS = 5  # working functions above the callers in a level-3 module
 
 
 @dataclass(frozen=True)
@@ -160,6 +163,7 @@ class Repo:
     visible_tests: int
     hidden_tests: int
     modules: tuple[str, ...] = field(default=())  # source modules, the one to open first first
+    fixes: tuple[dict[str, Any], ...] = field(default=())  # every line to fix (level 3: two), `fix` first
 
     @property
     def digest(self) -> str:
@@ -167,16 +171,18 @@ class Repo:
 
 
 def _source(
-    fns: list[Fn], bug: tuple[Fn, tuple[str, int, str]] | None, imports: str = ""
-) -> tuple[str, tuple[int, int] | None]:
-    """Module text and the 1-based lines of the buggy function's def and of the bug (None: not here)."""
+    fns: list[Fn], bugs: list[tuple[Fn, tuple[str, int, str]]], imports: str = ""
+) -> tuple[str, dict[int, tuple[int, int]]]:
+    """Module text and, by index into `bugs`, the 1-based lines of each buggy function's def and of its bug
+    (bugs not in this module are absent)."""
     lines = [imports] if imports else []
-    where = None
+    where = {}
     for fn in fns:
         lines.append(f"def {fn.name}({fn.params}):")
         for i, text in enumerate(fn.body):
-            if bug is not None and bug[0] is fn and bug[1][1] == i:
-                text, where = bug[1][2], (len(lines) - i, len(lines) + 1)
+            for k, (bug_fn, (_, line, buggy)) in enumerate(bugs):
+                if bug_fn is fn and line == i:
+                    text, where[k] = buggy, (len(lines) - i, len(lines) + 1)
             lines.append("    " + text)
     return "\n".join(lines) + "\n", where
 
@@ -207,49 +213,90 @@ def _values(files: dict[str, str], module: str, fns: list[Fn]) -> dict[str, dict
     return out
 
 
+Group = tuple[str, list[Fn], str]  # module name, its functions, its import line
+Bug = tuple[Fn, tuple[str, int, str]]  # the function and one of its bugs (family, body line, buggy text)
+
+
 def generate(rng: random.Random, level: int) -> Repo | None:
     """One repo at `level`, or None when the drawn bug does not break a visible test (the caller draws again)."""
     if level not in LEVELS:
         raise ValueError(f"env.levels: unknown difficulty level {level}; known: {sorted(LEVELS)}")
+    groups, bugs = _layout(rng, level)
+    clean, files, fixes = _plant(groups, bugs)
+    fix = fixes[0]
+    test_files, hidden, visible_n, hidden_n = _write_tests(rng, groups, clean, files, fix["file"], level)
+    before = run_in_process(files, test_files)
+    failing = tuple(t for t, s in before.tests.items() if s == "failed")
+    if not failing or before.collection_errors:
+        return None
+    # Two bugs: each must fail a visible test on its own, so the tests after the first edit still fail.
+    if len(fixes) > 1 and any(not run_in_process(_apply(files, [f]), test_files).failed for f in fixes):
+        return None
+    # The reference fix must pass every visible and hidden test: a generator bug must never become a task.
+    after = run_in_process({**_apply(files, fixes), **hidden}, test_files + list(hidden))
+    if after.failed or after.collection_errors or after.collected != visible_n + hidden_n:
+        raise AssertionError(f"generator: the reference fix of {bugs} in {fix['file']} fails {after.failures}")
+    modules = [fix["file"]] + [f"{m}.py" for m, _, _ in groups if f"{m}.py" != fix["file"]]
+    if level >= 2:  # a solver opens the tested module first, then follows its import
+        modules = [f"{groups[0][0]}.py", f"{groups[1][0]}.py"]
+    family = bugs[0][1][0]
+    counts = (failing, visible_n, hidden_n)
+    return Repo(files, tuple(test_files), hidden, fix, family, level, *counts, tuple(modules), tuple(fixes))
+
+
+def _layout(rng: random.Random, level: int) -> tuple[list[Group], list[Bug]]:
+    """The modules and the bug(s) of a repo at `level` (the draws of levels 0-2 are those they always were)."""
     if level in (0, 1):
         fns = rng.sample(POOL, 2 * (level + 1))
         names = rng.sample(MODULES, level + 1)
         groups = [(names[k], fns[2 * k : 2 * k + 2], "") for k in range(level + 1)]
         buggy = rng.choice(fns[:2])  # the first module holds the bug; its test is named in the issue
-        bug = (buggy, rng.choice(buggy.bugs))
-    else:
-        callers = rng.sample(CALLERS, 2)
-        helpers = sorted({h for c in callers for h in c.uses}, key=lambda n: [f.name for f in HELPERS].index(n))
-        helper_fns = [next(f for f in HELPERS if f.name == n) for n in helpers]
-        caller_mod, helper_mod = rng.choice(CALLER_MODULES), rng.choice(HELPER_MODULES)
-        groups = [
-            (caller_mod, callers, f"from {helper_mod} import {', '.join(helpers)}"),
-            (helper_mod, helper_fns, ""),
-        ]
-        # Half the time the bug sits in a helper: the failing caller's test is two files away from it.
+        return groups, [(buggy, rng.choice(buggy.bugs))]
+    callers = rng.sample(CALLERS, 2)
+    helpers = sorted({h for c in callers for h in c.uses}, key=lambda n: [f.name for f in HELPERS].index(n))
+    helper_fns = [next(f for f in HELPERS if f.name == n) for n in helpers]
+    caller_mod, helper_mod = rng.choice(CALLER_MODULES), rng.choice(HELPER_MODULES)
+    groups = [(caller_mod, callers, f"from {helper_mod} import {', '.join(helpers)}"), (helper_mod, helper_fns, "")]
+    if level == 2:  # half the time in a helper: the failing caller's test is two files away from it
         target = rng.choice(helper_fns) if rng.random() < 0.5 else rng.choice(callers)
-        bug = (target, rng.choice(target.bugs))
+        return groups, [(target, rng.choice(target.bugs))]
+    # Level 3: the callers sit below FILLERS working functions of their own, so reading the module whole costs
+    # a long observation, and a cut one can hide the bug.
+    groups[0] = (caller_mod, rng.sample(POOL, FILLERS) + callers, groups[0][2])
+    return groups, [(fn, rng.choice(fn.bugs)) for fn in (rng.choice(callers), rng.choice(helper_fns))]
+
+
+def _plant(groups: list[Group], bugs: list[Bug]) -> tuple[dict[str, str], dict[str, str], list[dict[str, Any]]]:
+    """The clean and the buggy sources, and the fix of each bug (in the order of `bugs`)."""
     clean: dict[str, str] = {}
     files: dict[str, str] = {}
-    fix = None
+    fixes: dict[int, dict[str, Any]] = {}
     for module, fns_, imports in groups:
-        clean[f"{module}.py"], _ = _source(fns_, None, imports)
-        files[f"{module}.py"], where = _source(fns_, bug, imports)
-        if where is not None:
-            fix = {
+        clean[f"{module}.py"], _ = _source(fns_, [], imports)
+        files[f"{module}.py"], where = _source(fns_, bugs, imports)
+        for k, (def_line, line) in where.items():
+            fn, (_, i, buggy) = bugs[k]
+            fixes[k] = {
                 "file": f"{module}.py",
-                "line": where[1],
-                "def_line": where[0],
-                "function": bug[0].name,
-                "text": "    " + bug[0].body[bug[1][1]],
-                "buggy": "    " + bug[1][2],
+                "line": line,
+                "def_line": def_line,
+                "function": fn.name,
+                "text": "    " + fn.body[i],
+                "buggy": "    " + buggy,
             }
-    assert fix is not None
+    return clean, files, [fixes[k] for k in sorted(fixes)]
+
+
+def _write_tests(
+    rng: random.Random, groups: list[Group], clean: dict[str, str], files: dict[str, str], fix_file: str, level: int
+) -> tuple[list[str], dict[str, str], int, int]:
+    """Visible test files (added to `files`: one input per function, one the bug changes where it can) and
+    hidden ones (the other inputs); returns their names, the hidden files and both test counts."""
     test_files, hidden, visible_n, hidden_n = [], {}, 0, 0
     tested = [(m, f) for m, f, _ in groups if any(fn.inputs for fn in f)]
     for module, fns_ in tested:
         good = _values(clean, module, fns_)
-        bad = _values(files, module, fns_) if f"{module}.py" == fix["file"] or level == 2 else good
+        bad = _values(files, module, fns_) if f"{module}.py" == fix_file or level >= 2 else good
         vis, hid = {}, {}
         for fn in fns_:
             differs = [a for a in fn.inputs if bad.get(fn.name, {}).get(a, _MISSING) != good[fn.name][a]]
@@ -262,21 +309,13 @@ def generate(rng: random.Random, level: int) -> Repo | None:
         test_files.append(tf)
         visible_n += sum(bool(v) for v in vis.values())
         hidden_n += sum(bool(v) for v in hid.values())
-    before = run_in_process(files, test_files)
-    failing = tuple(t for t, s in before.tests.items() if s == "failed")
-    if not failing or before.collection_errors:
-        return None
-    # The reference fix must pass every visible and hidden test: a generator bug must never become a task.
-    fixed = apply_line(files, fix["file"], fix["line"], fix["text"])
-    after = run_in_process({**fixed, **hidden}, test_files + list(hidden))
-    if after.failed or after.collection_errors or after.collected != visible_n + hidden_n:
-        raise AssertionError(
-            f"generator: the reference fix of a {bug[1][0]} bug in {fix['file']} fails {after.failures}"
-        )
-    modules = [fix["file"]] + [f"{m}.py" for m, _, _ in groups if f"{m}.py" != fix["file"]]
-    if level == 2:  # a solver opens the tested module first, then follows its import
-        modules = [f"{groups[0][0]}.py", f"{groups[1][0]}.py"]
-    return Repo(files, tuple(test_files), hidden, fix, bug[1][0], level, failing, visible_n, hidden_n, tuple(modules))
+    return test_files, hidden, visible_n, hidden_n
+
+
+def _apply(files: dict[str, str], fixes: list[dict[str, Any]]) -> dict[str, str]:
+    for f in fixes:
+        files = apply_line(files, f["file"], f["line"], f["text"])
+    return files
 
 
 def apply_line(files: dict[str, str], path: str, line: int, text: str) -> dict[str, str]:

@@ -45,3 +45,28 @@ def test_shared_prompts_score_what_whole_rows_score(setup_name, turns, request):
     assert [len(r) for r in full[0]] == [e.action_tokens for e in eps]
     torch.testing.assert_close(shared[2], full[2], atol=1e-5, rtol=1e-3)
     policy.model.zero_grad(set_to_none=True)
+
+
+def _graph(fn) -> set[str]:
+    seen, todo, names = set(), [fn], set()
+    while todo:
+        f = todo.pop()
+        if f is None or f in seen:
+            continue
+        seen.add(f)
+        names.add(type(f).__name__)
+        todo += [g for g, _ in f.next_functions]
+    return names
+
+
+def test_the_shared_prompt_backward_is_reproducible(math_setup):
+    """Indexing with a tensor backpropagates through index_put_(accumulate=True), which CPU torch runs with
+    atomic float adds across threads: the gradient's last bits then depend on thread timing, and two runs of
+    the same config drifted apart. The shared-prompt forward repeats rows with index_select (a fixed-order
+    sum in the backward): no tensor-indexing node may sit in its graph."""
+    policy = math_setup[2]
+    eps = _episodes(math_setup, n_tasks=4, g=4, turns=1)
+    packed = PromptPack.of(eps, list(range(len(eps))), policy.pad_id)
+    logp, _ = pack_logprobs(policy.model, packed, 1.0, entropy=False)
+    names = _graph(logp.sum().grad_fn)
+    assert "IndexSelectBackward0" in names and "IndexBackward0" not in names, sorted(names)

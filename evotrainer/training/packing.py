@@ -91,7 +91,11 @@ class PromptPack(FullPack):
             use_cache=True,
             logits_to_keep=1,
         ).logits
-        cache.batch_select_indices(self.rows)  # an indexing op: the group's gradients sum into its prompt
+        # index_select, whose backward sums each group's gradients into its prompt in a fixed order; the
+        # cache's own batch_select_indices indexes with a tensor, whose backward on CPU accumulates in
+        # whatever order the threads run (runs were not bit-reproducible with it).
+        for layer in cache.layers:
+            layer.keys, layer.values = layer.keys.index_select(0, self.rows), layer.values.index_select(0, self.rows)
         start = pos[self.rows, -1:] + 1
         tail = model(
             input_ids=self.ids,
@@ -100,7 +104,7 @@ class PromptPack(FullPack):
             past_key_values=cache,
             use_cache=True,
         ).logits
-        return torch.cat([head[self.rows], tail[:, :-1]], dim=1), self.ids
+        return torch.cat([head.index_select(0, self.rows), tail[:, :-1]], dim=1), self.ids
 
 
 def pack(episodes: list[Episode], idx: list[int], pad_id: int, share_prompts: bool) -> FullPack:

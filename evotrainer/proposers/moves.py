@@ -34,6 +34,7 @@ FROM_ZERO: dict[str, tuple[float, ...]] = {
     "shaping.length_penalty": (0.001, 0.003),
     "shaping.overlong_buffer_len": (2, 4),
     "optimizer.learning_rate": (1e-5, 1e-4),
+    "multi_turn.max_observation_tokens": (128, 64),  # 0 keeps whole observations: cutting starts generous
 }
 # Thresholds that are off at None: the value that switches them on.
 SWITCH_ON: dict[str, Any] = {

@@ -195,6 +195,7 @@ def test_truncation(store):
         "sampling.max_completion_length",
         "loss.mask_truncated_completions",
         "shaping.overlong_buffer_len",
+        "multi_turn.max_observation_tokens",
     )
 
 

@@ -1,5 +1,5 @@
 """Where a policy lives: the device is checked before a run writes anything, bfloat16 weights with float32
-LoRA adapters sample and train, and gradient checkpointing changes memory, not the update."""
+LoRA adapters sample and train, and gradient checkpointing changes memory, not the gradient."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from evotrainer.errors import ConfigError
 from evotrainer.harness.harness import Harness
 from evotrainer.policies.hf import HFPolicy, Placement
 from evotrainer.training.grpo import GRPOTrainer
+from evotrainer.training.packing import FullPack, pack_logprobs
 from tests.test_grpo import _adv, _batch
 
 
@@ -55,17 +56,26 @@ def test_bfloat16_base_with_float32_adapters_samples_and_trains(math_setup, tmp_
     assert twin.placement == lora.placement and next(twin.model.parameters()).dtype == torch.bfloat16
 
 
-def test_gradient_checkpointing_gives_the_same_update(math_setup, tmp_path):
+def test_gradient_checkpointing_gives_the_same_gradient_and_trains(math_setup, tmp_path):
     cfg, domain, policy = math_setup
     policy.save(tmp_path / "base")
     eps, rewards = _batch((cfg, domain, policy))
-    adv = _adv(rewards)
-    weights = {}
+    weights = torch.randn(len(eps), generator=torch.Generator().manual_seed(0))
+    packed = FullPack.of(eps, list(range(len(eps))), policy.pad_id)  # under checkpointing rows run whole
+    grads = {}
     for gc in (False, True):
         p = HFPolicy.load(tmp_path / "base", placement=Placement(gradient_checkpointing=gc))
         assert checkpointed(p.model) == gc
-        GRPOTrainer(p, Harness(optimizer={"learning_rate": 1e-3})).update(eps, adv, [True] * len(eps))
-        weights[gc] = torch.cat([w.detach().flatten() for w in p.model.parameters()])
-    start = torch.cat([w.detach().flatten() for w in policy.model.parameters()])
-    assert not torch.equal(weights[False], start)
-    torch.testing.assert_close(weights[True], weights[False], atol=1e-6, rtol=1e-5)
+        p.model.train()
+        logp, _ = pack_logprobs(p.model, packed, 1.0, entropy=False)
+        ((logp * packed.amask).sum(1) * weights).sum().backward()
+        grads[gc] = torch.cat([w.grad.flatten() for w in p.model.parameters()])
+    assert grads[False].abs().sum() > 0
+    torch.testing.assert_close(grads[True], grads[False], atol=1e-7, rtol=1e-4)
+    # And the trainer's update runs under it (rows whole: checkpointing drops the cache a shared prompt needs).
+    p = HFPolicy.load(tmp_path / "base", placement=Placement(gradient_checkpointing=True))
+    before = torch.cat([w.detach().flatten() for w in p.model.parameters()])
+    m = GRPOTrainer(p, Harness(optimizer={"learning_rate": 1e-3})).update(eps, _adv(rewards), [True] * len(eps))
+    assert m["nonfinite_steps"] == 0 and not torch.equal(
+        torch.cat([w.detach().flatten() for w in p.model.parameters()]), before
+    )

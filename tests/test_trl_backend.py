@@ -10,10 +10,10 @@ from rich.console import Console
 from evotrainer.backtest.trial import ArmSpec, run_arm
 from evotrainer.errors import ConfigError
 from evotrainer.harness.harness import Harness
-from evotrainer.policies.hf import HFPolicy
+from evotrainer.policies.hf import HFPolicy, Placement
 from evotrainer.store.rollouts import RolloutStore
 from evotrainer.training.run import train_run
-from evotrainer.training.trl_backend import stop_token_ids, unhonoured
+from evotrainer.training.trl_backend import TRLTrainer, stop_token_ids, unhonoured
 from tests.conftest import small_config
 
 QUIET = Console(file=open("/dev/null", "w"))
@@ -111,3 +111,13 @@ def test_unhonoured_knobs_are_named_for_the_loops_screen():
     assert unhonoured(Harness()) == ""
     why = unhonoured(Harness(filters={"zero_std_threshold": 0.01}, loss={"advantage_estimator": "rloo"}))
     assert "harness.filters.zero_std_threshold" in why and "harness.loss.advantage_estimator" in why
+
+
+def test_the_policy_placement_reaches_trls_arguments(math_setup, tmp_path):
+    cfg, domain, policy = math_setup
+    policy.save(tmp_path / "base")
+    placed = HFPolicy.load(tmp_path / "base", placement=Placement("cpu", "bfloat16", True))
+    args = TRLTrainer(placed, cfg.harness, domain)._config(str(tmp_path / "out"), 2, 0)
+    assert args.use_cpu and args.bf16 and args.activation_checkpointing
+    plain = TRLTrainer(policy, cfg.harness, domain, trl_args={"bf16": True})._config(str(tmp_path / "out"), 2, 0)
+    assert plain.use_cpu and plain.bf16 and not plain.activation_checkpointing  # trl_args still override

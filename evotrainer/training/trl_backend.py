@@ -195,7 +195,8 @@ class TRLTrainer:
             trainer.remove_callback(PrinterCallback)  # each step's log dict on stdout: our progress bar says it
             if trainer.ref_model is not None and self.reference is not None:
                 # KL to the run's base model, as the native backend, not to the checkpoint this arm forked from.
-                trainer.ref_model.load_state_dict(HFPolicy.load(self.reference).model.state_dict())
+                ref = HFPolicy.load(self.reference, placement=self.policy.placement)
+                trainer.ref_model.load_state_dict(ref.model.state_dict())
             trainer.train()
         return rec.last_step
 
@@ -213,7 +214,17 @@ class TRLTrainer:
             "remove_unused_columns": False,
             "log_completions": False,
         }
-        return GRPOConfig(**(_DEFAULTS | self.trl_args | grpo_kwargs(self.harness) | own))
+        return GRPOConfig(**(_DEFAULTS | self._placed() | self.trl_args | grpo_kwargs(self.harness) | own))
+
+    def _placed(self) -> dict[str, Any]:
+        """The policy section's placement as TrainingArguments (train.trl_args may still override them): the
+        device the policy is on, bf16 autocast for bfloat16 weights, activation checkpointing."""
+        p = self.policy.placement
+        return {
+            "use_cpu": self.policy.device.type == "cpu",
+            "bf16": p.dtype == "bfloat16",
+            "activation_checkpointing": p.gradient_checkpointing,
+        }
 
 
 class _Recorder(TrainerCallback):

@@ -53,8 +53,9 @@ ROOT = Path(__file__).resolve().parent
 CELLS = ROOT / "results" / "claims"
 # SWE is measured on the long-horizon level (issue #14 item 2): examples/swe_long.yaml and its reference.
 DOMAINS = {
-    d: (f"examples/{f}.yaml", f"examples/reference/{f}.yaml")
-    for d, f in (("math", "math"), ("code", "code"), ("swe", "swe_long"))
+    "math": ("examples/math.yaml", "examples/reference/math.yaml"),
+    "code": ("examples/code.yaml", "examples/reference/code.yaml"),
+    "swe": ("examples/swe_long.yaml", "examples/reference/swe_long.yaml"),
 }
 ARMS = ("static_default", "static_reference", "loop_default", "loop_reference", "loop_default_warm", "planted")
 PLANTED_ROUNDS = 3

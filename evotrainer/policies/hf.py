@@ -104,12 +104,16 @@ class HFPolicy:
         self.tokenizer = tokenizer
         self.base_path = base_path  # set when `model` is a LoRA adapter over a base directory
         self.placement = placement
-        self.device = next(model.parameters()).device
         cfg = getattr(model, "config", None)
         self.max_positions = int(getattr(cfg, "max_position_embeddings", 2048) or 2048)
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
         self._stop_cache: dict[tuple[str, ...], torch.Tensor] = {}
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights are now (read, not stored: a trainer may move the model)."""
+        return next(self.model.parameters()).device
 
     # -- loading ---------------------------------------------------------------------------------
     @classmethod

@@ -21,6 +21,20 @@ def _prompt_length(ep: Episode) -> int:
     return max(1, ep.is_action.index(True) if True in ep.is_action else len(ep.token_ids))
 
 
+def _right_pad(eps: list[Episode], start: list[int], pad_id: int) -> tuple[torch.Tensor, ...]:
+    """Each episode's tokens from `start` on, right-padded: ids, attention mask, action mask (at least one column)."""
+    width = max(1, max(len(ep.token_ids) - s for ep, s in zip(eps, start)))
+    ids = torch.full((len(eps), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(eps), width), dtype=torch.long)
+    act = torch.zeros((len(eps), width), dtype=torch.bool)
+    for r, (ep, s) in enumerate(zip(eps, start)):
+        if n := len(ep.token_ids) - s:
+            ids[r, :n] = torch.tensor(ep.token_ids[s:])
+            mask[r, :n] = 1
+            act[r, :n] = torch.tensor(ep.is_action[s:])
+    return ids, mask, act
+
+
 @dataclass
 class FullPack:
     """Whole rows, right-padded: `ids`/`mask` [B, T]; `amask` [B, T-1] marks action tokens among ids[:, 1:]."""
@@ -31,16 +45,7 @@ class FullPack:
 
     @classmethod
     def of(cls, episodes: list[Episode], idx: list[int], pad_id: int) -> FullPack:
-        width = max(len(episodes[i].token_ids) for i in idx)
-        ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(idx), width), dtype=torch.long)
-        act = torch.zeros((len(idx), width), dtype=torch.bool)
-        for r, i in enumerate(idx):
-            ep = episodes[i]
-            n = len(ep.token_ids)
-            ids[r, :n] = torch.tensor(ep.token_ids)
-            mask[r, :n] = 1
-            act[r, :n] = torch.tensor(ep.is_action)
+        ids, mask, act = _right_pad([episodes[i] for i in idx], [0] * len(idx), pad_id)
         return cls(ids, mask, act[:, 1:])
 
     def to(self, device: torch.device) -> FullPack:
@@ -67,17 +72,7 @@ class PromptPack(FullPack):
         unique: dict[tuple[int, ...], int] = {}
         rows = [unique.setdefault(tuple(episodes[i].token_ids[:c]), len(unique)) for i, c in zip(idx, cut)]
         prompt_ids, prompt_mask = left_pad([list(p) for p in unique], pad_id)
-        width = max(1, max(len(episodes[i].token_ids) - c for i, c in zip(idx, cut)))
-        ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(idx), width), dtype=torch.long)
-        act = torch.zeros((len(idx), width), dtype=torch.bool)
-        for r, (i, c) in enumerate(zip(idx, cut)):
-            ep = episodes[i]
-            n = len(ep.token_ids) - c
-            if n:
-                ids[r, :n] = torch.tensor(ep.token_ids[c:])
-                mask[r, :n] = 1
-                act[r, :n] = torch.tensor(ep.is_action[c:])
+        ids, mask, act = _right_pad([episodes[i] for i in idx], cut, pad_id)
         return cls(ids, mask, act, prompt_ids, prompt_mask, torch.tensor(rows))
 
     def logits(self, model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,7 +9,8 @@ the race's checkpoints. Rounds are then resampled from these arms' per-task outc
 for the control, the K candidates, the confirmation's candidate and control replicates) and run
 through the gate's own functions (gate.futile, gate.finalist, gate.two_stage): the false-promotion
 rate per round at K = 1, 2, 4 (the larger of the two starts), and the power to promote the
-learning-rate fix (one fix among K - 1 null candidates). Finally, real null trials run the loop's own
+learning-rate fix (one fix among K - 1 null candidates), and the race's price (the share of a trial's
+steps null and fix candidates run before gate.futile stops them). Finally, real null trials run the loop's own
 trial and gate stages (stages/race.py, stages/decide.py) on fresh arms, with a null intervention
 (shaping.overlong_penalty_factor, which does nothing without an overlong buffer).
 
@@ -121,12 +122,27 @@ def pools(cells: Cells, n_null: int, n_lr: int) -> dict[str, list[dict]]:
     return out
 
 
+def stop_at(ctrl: dict, cand: dict, marks: list[str]) -> str | None:
+    """The checkpoint where the race stops the candidate (None: it runs its length)."""
+    return next((m for i, m in enumerate(marks) if gate.futile(cand["curve"][m], ctrl["curve"][m], i == 0)), None)
+
+
 def race(ctrl: dict, cand: dict, marks: list[str]) -> Pair | None:
     """The race as the trial runs it: None when the candidate stops at a checkpoint."""
-    for i, m in enumerate(marks):
-        if gate.futile(cand["curve"][m], ctrl["curve"][m], i == 0):
-            return None
-    return Pair.of(cand["final"], ctrl["final"])
+    return None if stop_at(ctrl, cand, marks) else Pair.of(cand["final"], ctrl["final"])
+
+
+def steps_run(pool: dict[str, list[dict]], ctrl_kind: str, cand_kind: str, steps: int) -> float:
+    """The race's price: the mean share of a trial's steps a candidate of cand_kind runs against every
+    control of ctrl_kind (a candidate is never its own control)."""
+    shares = []
+    for c in pool[ctrl_kind]:
+        marks = sorted(c["curve"], key=int)
+        for x in pool[cand_kind]:
+            if x is not c:
+                m = stop_at(c, x, marks)
+                shares.append((int(m) if m else steps) / steps)
+    return sum(shares) / len(shares)
 
 
 def one_round(
@@ -277,6 +293,11 @@ def main() -> None:
                 "false_promotion_rate_by_start": rates,
                 "real_null_promotions": sum(r["promoted"] for r in real) if k == 1 else None,
                 "prior_pairs": gate.BASE_DOF,
+                "steps_run": {
+                    "null-lo": steps_run(pool, "null-lo", "null-lo", cfg.loop.trial_steps),
+                    "null-hi": steps_run(pool, "null-hi", "null-hi", cfg.loop.trial_steps),
+                    "lr-fix": steps_run(pool, "null-lo", "lr-fix", cfg.loop.trial_steps),
+                },
                 "sensitivity": sensitivity(pool, k, args.resamples, level),
             }
         )
@@ -293,6 +314,7 @@ def main() -> None:
             f"| {r['candidates']} | {r['false_promotion_rate']:.3f} ({lo:.3f} / {hi:.3f}) | {r['nominal']:.2f} | "
             f"{r['power']:.3f} |"
         )
+    print(f"\nshare of a trial's steps run (null-lo, null-hi, lr-fix): {rows[0]['steps_run']}")
     print(
         f"\nreal null trials (K=1, the loop's own stages): {sum(r['promoted'] for r in real)} promoted of {len(real)}"
     )

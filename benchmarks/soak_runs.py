@@ -16,6 +16,7 @@ from pathlib import Path
 from evotrainer.config import dump_config, parse_config
 from evotrainer.store.ledger import Ledger
 from evotrainer.store.rollouts import RolloutStore
+from evotrainer.testing import small_raw
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(ROOT)}
@@ -25,31 +26,14 @@ ENV = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(ROOT)}
 def write_config(out_dir: Path, cache: Path) -> Path:
     """The soak's loop run: tests/conftest.py's small config, 2 rounds of 3-step arms, one candidate. Every
     run is named `soak` (rollout ids hold no run directory), with its own directory and skill library."""
-    raw = {
-        "run": {"name": "soak", "out_dir": str(out_dir), "seed": 0, "threads": 1},
-        "policy": {
-            "kind": "tiny",
-            "cache_dir": str(cache),
-            "tiny": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "vocab_size": 200, "max_positions": 256},
-            "warm_start": {"steps": 150, "batch_size": 64, "learning_rate": 3e-3, "demonstrations": 4000},
-        },
-        "env": {
-            "domain": "math",
-            "train_size": 400,
-            "datasets": [
-                {"name": "chain_sum", "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}}
-            ],
-        },
-        "harness": {"sampling": {"num_generations": 8, "prompts_per_step": 16, "max_completion_length": 8}},
-        "train": {"steps": 5, "max_seconds": 120},
-        "eval": {"heldout_size": 60, "max_new_tokens": 8, "max_turns": 6},
-        "loop": {
-            "segment_steps": 3,
-            "trial_steps": 3,
-            "candidates": 1,
-            "max_rounds": 2,
-            "skills_dir": str(out_dir / "skills"),
-        },
+    raw = small_raw(out_dir, cache, seed=0, name="soak")
+    raw["run"]["threads"] = 1
+    raw["loop"] = {
+        "segment_steps": 3,
+        "trial_steps": 3,
+        "candidates": 1,
+        "max_rounds": 2,
+        "skills_dir": str(out_dir / "skills"),
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "soak.yaml"

@@ -21,17 +21,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from evotrainer.config import load_config  # noqa: E402
 from evotrainer.store.rollouts import RolloutStore  # noqa: E402
+from evotrainer.testing import ONE_DIGIT_SUMS, SMALL_SAMPLING, TINY_POLICY, WARM_START  # noqa: E402
 from evotrainer.training.run import train_run  # noqa: E402
 
 # Sized for a shared 2-core CPU: the tests' tiny policy (its warm start takes seconds) on one-digit sums.
 SMALL = {
-    "policy.tiny": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "vocab_size": 200, "max_positions": 256},
-    "policy.warm_start": {"steps": 150, "batch_size": 64, "learning_rate": 3e-3, "demonstrations": 4000},
-    "env.datasets": [
-        {"name": "chain_sum", "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}}
-    ],
+    "policy.tiny": TINY_POLICY,
+    "policy.warm_start": WARM_START,
+    "env.datasets": ONE_DIGIT_SUMS,
     "env.train_size": 400,
-    "harness.sampling": {"num_generations": 8, "prompts_per_step": 16, "max_completion_length": 8},
+    "harness.sampling": SMALL_SAMPLING,
     "harness.optimizer.learning_rate": 5e-4,
     "eval.heldout_size": 100,
     "eval.max_new_tokens": 8,

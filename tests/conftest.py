@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from evotrainer.config import RunConfig, parse_config
+from evotrainer.testing import small_raw
 
 # Trajectory-dependent tests must hold on any machine, seed and thread count: benchmarks/robustness.py runs
 # them under several of each through these two variables (the defaults are what CI runs).
@@ -18,25 +19,8 @@ torch.set_num_threads(int(os.environ.get("EVOTRAINER_TEST_THREADS", "2")))
 
 def small_config(tmp: Path, domain: str = "math", **sections) -> RunConfig:
     """A config sized for tests: a 2-layer model, one-digit sums, a small held-out set."""
-    raw = {
-        "run": {"name": "t", "out_dir": str(tmp / "runs"), "seed": SEED},
-        "policy": {
-            "kind": "tiny",
-            "cache_dir": os.environ["EVOTRAINER_TEST_CACHE"],
-            "tiny": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "vocab_size": 200, "max_positions": 256},
-            "warm_start": {"steps": 150, "batch_size": 64, "learning_rate": 3e-3, "demonstrations": 4000},
-        },
-        "env": {
-            "domain": domain,
-            "train_size": 400,
-            "datasets": [
-                {"name": "chain_sum", "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}}
-            ],
-        },
-        "harness": {"sampling": {"num_generations": 8, "prompts_per_step": 16, "max_completion_length": 8}},
-        "train": {"steps": 5, "max_seconds": 120},
-        "eval": {"heldout_size": 60, "max_new_tokens": 8, "max_turns": 6},
-    }
+    raw = small_raw(tmp / "runs", os.environ["EVOTRAINER_TEST_CACHE"], SEED)
+    raw["env"]["domain"] = domain
     if domain == "digits":
         raw["env"] = {"domain": "digits", "num_digits": 2, "train_size": 500}
         raw["harness"]["multi_turn"] = {"max_turns": 5}

@@ -19,7 +19,7 @@ from evotrainer import sandbox, types
 from evotrainer.config import EvalSection, RunConfig
 from evotrainer.envs.env import Domain, audit_verdict
 from evotrainer.harness.rewards import score
-from evotrainer.policies import hf
+from evotrainer.policies import decoders, hf
 from evotrainer.policies.hf import HFPolicy
 from evotrainer.store.rollouts import RolloutStore
 from evotrainer.training import rollout
@@ -59,6 +59,7 @@ def evaluator_identity(domain: Domain, tasks: list[Task], cfg: EvalSection) -> d
         Path(__file__),
         Path(rollout.__file__),
         Path(hf.__file__),
+        Path(decoders.__file__),  # greedy decoding runs through the sampler's own KV cache
         Path(types.__file__),
         *sorted(module.parent.glob("*.py")),
         *sorted(Path(sandbox.__file__).parent.glob("*.py")),

@@ -27,6 +27,7 @@ def test_settings_hidden_data_and_versions_are_in_the_identity(tmp_path):
     assert {"settings:eval", "settings:domain", "data:tasks", "version:torch", "version:reasoning-gym"} <= set(base)
     assert any(k.startswith("code:") and k.endswith("training/rollout.py") for k in base)  # the episode runner
     assert any(k.startswith("code:") and k.endswith("policies/hf.py") for k in base)  # decoding
+    assert any(k.startswith("code:") and k.endswith("policies/decoders.py") for k in base)  # its KV cache
     # The math scorer changes audit outcomes: a changed evaluator.
     other = make_domain(small_config(tmp_path, env={"scorer": "math_verify"}))
     assert what_changed(base, evaluator_identity(other, other.tasks("heldout")[:20], cfg.eval)) == [

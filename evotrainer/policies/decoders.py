@@ -13,6 +13,8 @@ sliding window shorter than the sequence) takes the Hugging Face path.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
@@ -34,6 +36,13 @@ def own_decoder_fits(model: torch.nn.Module, capacity: int) -> bool:
     if cfg.model_type == "qwen2" and not getattr(cfg, "use_sliding_window", False):
         window = None
     return window is None or capacity <= window
+
+
+def cache_arg(model: torch.nn.Module, cache: DynamicCache) -> dict[str, DynamicCache]:
+    """The forward's keyword argument for a KV cache: `cache` since transformers 5.24, where the old name
+    `past_key_values` warns on every call; older releases take only the old name."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft wrapper forwards kwargs
+    return {"cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values": cache}
 
 
 class HFDecoder:
@@ -59,7 +68,7 @@ class HFDecoder:
         return self._logits(input_ids=tok[:, None], attention_mask=self.mask, position_ids=pos[:, None])
 
     def _logits(self, **inputs: torch.Tensor | int) -> torch.Tensor:
-        return self.model(**inputs, past_key_values=self.cache, use_cache=True).logits[:, -1].float()
+        return self.model(**inputs, **cache_arg(self.model, self.cache), use_cache=True).logits[:, -1].float()
 
 
 class KVDecoder:
@@ -88,7 +97,7 @@ class KVDecoder:
             input_ids=ids,
             attention_mask=mask,
             position_ids=pos,
-            past_key_values=cache,
+            **cache_arg(self.model, cache),
             use_cache=True,
             logits_to_keep=1,
         )

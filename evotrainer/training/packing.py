@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
+from evotrainer.policies.decoders import cache_arg
 from evotrainer.policies.hf import left_pad, positions
 from evotrainer.training.rollout import Episode
 
@@ -82,7 +83,7 @@ class PromptPack(FullPack):
             input_ids=self.prompt_ids,
             attention_mask=self.prompt_mask,
             position_ids=pos,
-            past_key_values=cache,
+            **cache_arg(model, cache),
             use_cache=True,
             logits_to_keep=1,
         ).logits
@@ -96,7 +97,7 @@ class PromptPack(FullPack):
             input_ids=self.ids,
             attention_mask=torch.cat([self.prompt_mask[self.rows], self.mask], dim=1),
             position_ids=start + torch.arange(self.ids.shape[1], device=start.device),
-            past_key_values=cache,
+            **cache_arg(model, cache),
             use_cache=True,
         ).logits
         return torch.cat([head.index_select(0, self.rows), tail[:, :-1]], dim=1), self.ids

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from evotrainer.policies.decoders import HFDecoder, KVDecoder, own_decoder_fits
+from evotrainer.policies.decoders import HFDecoder, KVDecoder, SharedPrefixDecoder, own_decoder_fits
 from evotrainer.policies.hf import left_pad, positions
 
 SMALL = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2, max_position_embeddings=64)
@@ -28,7 +28,7 @@ MODELS = {
 }
 
 
-@pytest.mark.parametrize("decoder", [KVDecoder, HFDecoder])
+@pytest.mark.parametrize("decoder", [KVDecoder, SharedPrefixDecoder, HFDecoder])
 @pytest.mark.parametrize("family", sorted(MODELS))
 def test_decoder_logits_equal_the_full_forward(family, decoder):
     torch.manual_seed(0)
@@ -40,7 +40,7 @@ def test_decoder_logits_equal_the_full_forward(family, decoder):
     ids, mask = left_pad(prompts, 0)
     pos = positions(mask)
     width = ids.shape[1]
-    dec = KVDecoder(model, width + new.shape[1]) if decoder is KVDecoder else HFDecoder(model)
+    dec = HFDecoder(model) if decoder is HFDecoder else decoder(model, width + new.shape[1])
     with torch.no_grad():
         got = [dec.prefill(ids, mask, pos, rows)]
         alive, next_pos = torch.arange(len(rows)), pos[rows, -1] + 1

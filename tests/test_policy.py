@@ -8,6 +8,7 @@ from transformers import AutoModelForCausalLM
 from evotrainer.config import parse_config
 from evotrainer.envs.registry import make_domain
 from evotrainer.policies import load_policy
+from evotrainer.policies.decoders import SharedPrefixDecoder
 from evotrainer.policies.hf import HFPolicy
 from evotrainer.policies.policy import check_policy
 
@@ -73,6 +74,23 @@ def test_sampling_matches_generate_greedy(math_setup):
     )[:, ids.shape[1] :]
     for s, row in zip(ours, ref.tolist()):
         assert s.token_ids == row[: len(s.token_ids)]
+
+
+def test_a_group_batch_records_the_model_s_own_logprobs(math_setup):
+    """A GRPO step's batch (each prompt repeated for its group) samples through the shared-prefix decoder,
+    which keeps a prompt's cache once for its group; each token's recorded logprob is the model's own, rows
+    that stop early included, so the update's importance ratio starts at 1."""
+    cfg, domain, policy = math_setup
+    prompts = [t.prompt for t in domain.tasks("train")[:2]]
+    prompts += ["Next one. " + prompts[0], "And then, without a word more, " + prompts[1]]  # left padding differs
+    ctx = [policy.encode(p) for p in prompts for _ in range(4)]
+    assert len({len(c) for c in ctx}) > 1
+    assert isinstance(policy._prefill(ctx, 12)[0], SharedPrefixDecoder)
+    out = policy.sample(ctx, max_new_tokens=12, stop=("</answer>",), generator=torch.Generator().manual_seed(3))
+    assert len({len(s.token_ids) for s in out}) > 1  # rows finished at different steps and left the batch
+    truth = policy.logprobs([c + s.token_ids for c, s in zip(ctx, out)])
+    for s, lp in zip(out, truth):
+        torch.testing.assert_close(torch.tensor(s.logprobs), torch.tensor(lp[-len(s.token_ids) :]), atol=1e-4, rtol=0)
 
 
 def test_local_model_directory_and_lora(tmp_path, math_setup):

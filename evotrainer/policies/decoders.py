@@ -92,15 +92,7 @@ class KVDecoder:
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """The prompts through the model's own forward (exactly its numbers), their cache copied into
         the buffers, batch row j holding prompt rows[j]: only the prompt's columns are copied."""
-        cache = DynamicCache()
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=pos,
-            **cache_arg(self.model, cache),
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        cache, logits = self._prompts(ids, mask, pos)
         width = ids.shape[1]
         shape = (len(rows), self.kv_heads, self.capacity, self.head_dim)
         for layer in cache.layers:
@@ -111,7 +103,20 @@ class KVDecoder:
         self.mask = torch.zeros((len(rows), self.capacity), dtype=torch.bool, device=ids.device)
         self.mask[:, :width] = mask.bool().index_select(0, rows)
         self.cols = width
-        return out.logits[:, -1].float().index_select(0, rows)
+        return logits.index_select(0, rows)
+
+    def _prompts(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> tuple[DynamicCache, torch.Tensor]:
+        """The distinct prompts through the model's own forward: their cache and last logits."""
+        cache = DynamicCache()
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            **cache_arg(self.model, cache),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return cache, out.logits[:, -1].float()
 
     def select(self, index: torch.Tensor) -> None:
         # index_select, not k[index]: several times faster on these 4-d buffers.
@@ -122,11 +127,8 @@ class KVDecoder:
     def step(self, tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """Logits after feeding one token per row at position `pos`; the same arithmetic as the model's
         forward (its own norms, rotary embedding and weights), without its per-call machinery."""
-        c = self.cols
-        if c >= self.capacity:
-            raise RuntimeError(f"KVDecoder: cache full at {c} tokens")
-        self.mask[:, c] = True
-        attend = self.mask[:, None, None, : c + 1]
+        if self.cols >= self.capacity:
+            raise RuntimeError(f"{type(self).__name__}: cache full at {self.cols} tokens")
         inner = self.model.model
         h = inner.embed_tokens(tok)[:, None]  # (rows, 1, hidden)
         cos, sin = inner.rotary_emb(h, pos[:, None])
@@ -138,17 +140,85 @@ class KVDecoder:
             k = att.k_proj(x).view(rows, 1, self.kv_heads, self.head_dim).transpose(1, 2)
             v = att.v_proj(x).view(rows, 1, self.kv_heads, self.head_dim).transpose(1, 2)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
-            self.keys[i][:, :, c : c + 1] = k
-            self.values[i][:, :, c : c + 1] = v
-            o = F.scaled_dot_product_attention(
-                q,
-                self.keys[i][:, :, : c + 1],
-                self.values[i][:, :, : c + 1],
-                attn_mask=attend,
-                scale=att.scaling,
-                enable_gqa=self.kv_heads != self.heads,
-            )
+            o = self._attend(i, q, k, v, att.scaling)  # (rows, heads, 1, head_dim)
             h = h + att.o_proj(o.transpose(1, 2).reshape(rows, 1, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
-        self.cols = c + 1
+        self.cols += 1
         return self.model.lm_head(inner.norm(h))[:, -1].float()
+
+    def _attend(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        """Layer i: write this token's key and value into column `cols`, attend over the filled columns."""
+        c = self.cols
+        self.mask[:, c] = True  # every layer sets it; the first one counts
+        self.keys[i][:, :, c : c + 1] = k
+        self.values[i][:, :, c : c + 1] = v
+        return F.scaled_dot_product_attention(
+            q,
+            self.keys[i][:, :, : c + 1],
+            self.values[i][:, :, : c + 1],
+            attn_mask=self.mask[:, None, None, : c + 1],
+            scale=scale,
+            enable_gqa=self.kv_heads != self.heads,
+        )
+
+
+class SharedPrefixDecoder(KVDecoder):
+    """KVDecoder for batches whose rows share prompts (a GRPO group's generations): each distinct prompt's
+    keys and values are kept once, and each row keeps only the tokens it generated. A step attends over
+    both in one softmax, reading a prompt's cache once for its whole group instead of once per row (what
+    FlashInfer and vLLM call cascade attention for shared prefixes). Reading the cache is what bounds
+    attention here, and the prompt is most of it early in a completion.
+
+    The queries of a prompt's rows are laid out as one block of `group` slots, so the prompt part is a
+    batched product per prompt; rows that finish leave empty slots (zeros, never read back)."""
+
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        cache, logits = self._prompts(ids, mask, pos)
+        self.prompts = len(ids)
+        counts = torch.bincount(rows, minlength=self.prompts)
+        self.group = int(counts.max())
+        # Each row's slot: its prompt's block, then its rank among that prompt's rows.
+        order = torch.argsort(rows, stable=True)
+        rank = torch.empty_like(rows)
+        rank[order] = torch.arange(len(rows), device=rows.device) - (torch.cumsum(counts, 0) - counts)[rows[order]]
+        self.prompt_of, self.slot = rows, rows * self.group + rank
+        self.prompt_keys = [layer.keys for layer in cache.layers]  # (prompts, kv_heads, width, head_dim)
+        self.prompt_values = [layer.values for layer in cache.layers]
+        self.prompt_mask = mask.bool()
+        own = (len(rows), self.kv_heads, self.capacity - ids.shape[1], self.head_dim)
+        self.keys = [k.new_empty(own) for k in self.prompt_keys]
+        self.values = [v.new_empty(own) for v in self.prompt_values]
+        self.cols = ids.shape[1]
+        self.width = ids.shape[1]
+        return logits.index_select(0, rows)
+
+    def select(self, index: torch.Tensor) -> None:
+        self.keys = [k.index_select(0, index) for k in self.keys]
+        self.values = [v.index_select(0, index) for v in self.values]
+        self.prompt_of, self.slot = self.prompt_of[index], self.slot[index]
+
+    def _attend(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        rows, c = len(q), self.cols - self.width
+        rep = self.heads // self.kv_heads
+        self.keys[i][:, :, c : c + 1] = k
+        self.values[i][:, :, c : c + 1] = v
+        q = q.reshape(rows, self.kv_heads, rep, self.head_dim)  # a key head's query heads together (GQA)
+        pk, pv, own_k, own_v = self.prompt_keys[i], self.prompt_values[i], self.keys[i], self.values[i]
+        on_prompt = self._from_slots(self._to_slots(q) @ pk.transpose(-1, -2))  # (rows, kv_heads, rep, width)
+        on_prompt = on_prompt.masked_fill(~self.prompt_mask[self.prompt_of][:, None, None, :], float("-inf"))
+        on_own = q @ own_k[:, :, : c + 1].transpose(-1, -2)  # (rows, kv_heads, rep, c + 1)
+        w = torch.softmax(torch.cat([on_prompt, on_own], dim=-1) * scale, dim=-1)
+        o = self._from_slots(self._to_slots(w[..., : self.width]) @ pv) + w[..., self.width :] @ own_v[:, :, : c + 1]
+        return o.reshape(rows, self.heads, 1, self.head_dim)
+
+    def _to_slots(self, x: torch.Tensor) -> torch.Tensor:
+        """(rows, kv_heads, rep, n) -> (prompts, kv_heads, group * rep, n): each prompt's rows in one block."""
+        r, kvh, rep, n = x.shape
+        slots = x.new_zeros(self.prompts * self.group, kvh, rep, n).index_copy_(0, self.slot, x)
+        return slots.view(self.prompts, self.group, kvh, rep, n).transpose(1, 2).reshape(self.prompts, kvh, -1, n)
+
+    def _from_slots(self, y: torch.Tensor) -> torch.Tensor:
+        """The inverse of _to_slots, for the rows still in the batch."""
+        p, kvh, _, n = y.shape
+        y = y.view(p, kvh, self.group, -1, n).transpose(1, 2).reshape(p * self.group, kvh, -1, n)
+        return y.index_select(0, self.slot)

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from evotrainer.errors import ConfigError
-from evotrainer.policies.decoders import HFDecoder, KVDecoder, own_decoder_fits
+from evotrainer.policies.decoders import HFDecoder, KVDecoder, SharedPrefixDecoder, own_decoder_fits
 from evotrainer.policies.policy import Sample
 from evotrainer.store.checkpoints import damaged
 from evotrainer.store.damage import DamagedFile
@@ -261,13 +261,16 @@ class HFPolicy:
 
     def _prefill(self, contexts: list[list[int]], max_new_tokens: int):
         """A decoder holding each context's cache, the logits after it and each row's next position.
-        Identical contexts (a GRPO group's prompt) are run once and their cache rows repeated."""
+        Identical contexts (a GRPO group's prompt) are run once, and kept once where our decoder fits."""
         unique: dict[tuple[int, ...], int] = {}
         inverse = torch.tensor([unique.setdefault(tuple(c), len(unique)) for c in contexts], device=self.device)
         ids, mask = (t.to(self.device) for t in left_pad([list(c) for c in unique], self.pad_id))
         pos = positions(mask)
         capacity = ids.shape[1] + max_new_tokens
-        decoder = KVDecoder(self.model, capacity) if own_decoder_fits(self.model, capacity) else HFDecoder(self.model)
+        if not own_decoder_fits(self.model, capacity):
+            decoder = HFDecoder(self.model)
+        else:  # rows sharing a prompt read its cache once (a group's generations)
+            decoder = (SharedPrefixDecoder if len(unique) < len(contexts) else KVDecoder)(self.model, capacity)
         logits = decoder.prefill(ids, mask, pos, inverse)
         return decoder, logits, pos[inverse, -1] + 1
 

@@ -59,6 +59,34 @@ DOMAINS = {
 }
 ARMS = ("static_default", "static_reference", "loop_default", "loop_reference", "loop_default_warm", "planted")
 PLANTED_ROUNDS = 3
+# Each domain's cells beyond its example config: a token budget and loop lengths that fit two cores (the
+# issue leaves budget sizes to us). Math keeps examples/math.yaml's (1M tokens, 10-step segments, 20-step
+# trials, a quarter of the budget for arms that end discarded). A code step costs 4k tokens and ~8 s on one
+# core, an SWE step 1.5k tokens and ~12 s (its episodes run tests), several times math's, so their trials
+# are 10 steps and the budgets are small: 400k and 150k tokens, about 95 and 100 steps of a static arm. At
+# those the default quarter cannot pay for round 1's trial when the segment was tainted (its 10 steps are
+# discarded: the arms fork from before it) plus a race and a confirmation, so loop.max_trial_share is a half
+# there. The examples' round caps (two- and three-round demos) give way to the budget. One torch thread a
+# cell, so that two cells share the two cores.
+DOMAIN_SETS: dict[str, dict] = {
+    "math": {},
+    "code": {
+        "budget.generated_tokens": 400_000,
+        "loop.max_rounds": 0,
+        "loop.segment_steps": 10,
+        "loop.trial_steps": 10,
+        "loop.max_trial_share": 0.5,
+        "run.threads": 1,
+    },
+    "swe": {
+        "budget.generated_tokens": 150_000,
+        "loop.max_rounds": 0,
+        "loop.segment_steps": 10,
+        "loop.trial_steps": 10,
+        "loop.max_trial_share": 0.5,
+        "run.threads": 1,
+    },
+}
 
 
 def _exploit(kind: str, target: str, value: object, finding: str) -> dict:
@@ -104,6 +132,7 @@ CHUNK = 10  # static-arm steps per arm call; the arm stops at the first chunk bo
 def arm_config(domain: str, arm: str, seed: int, work: Path, sets: dict) -> RunConfig:
     path = DOMAINS[domain][1 if arm.endswith("reference") else 0]
     name = f"{domain}-{arm}-{seed}"
+    sets = {**DOMAIN_SETS.get(domain, {}), **sets}
     if arm == "planted":
         # The trial share is the search's economy, not what this arm measures: every planted one is raced.
         sets = {
@@ -254,10 +283,10 @@ def run_cell(domain: str, arm: str, seed: int, work: Path, sets: dict) -> dict:
         "outcomes": ev.outcomes,
         "evaluator_hash": ev.evaluator_hash,
         "seconds": time.perf_counter() - t0,
-        "overrides": sets,
+        "overrides": {**DOMAIN_SETS.get(domain, {}), **sets},
         **{k: v for k, v in res.items() if k != "trajectory"},
     }
-    if arm.startswith("loop"):  # each round's mainline read on the same tasks: tokens to reach an accuracy
+    if arm in ("loop_default", "loop_default_warm"):  # the skills read: each round's mainline on the same tasks
         cell["trajectory"] = [
             (tok, evaluate(HFPolicy.load(ck), make_domain(cfg), tasks, cfg.eval).accuracy)
             for tok, ck in res["trajectory"]

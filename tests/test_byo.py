@@ -179,6 +179,7 @@ def test_local_domain_splits_are_seeded(tmp_path):
     write_sums(tmp_path / "sums.jsonl")
     env = _local(tmp_path, answer_column="solution")
     a, b = (make_domain(small_config(tmp_path, env=env)) for _ in range(2))
+    assert a is not b  # read again each time: the file may have changed
     assert [t.id for t in a.tasks("heldout")] == [t.id for t in b.tasks("heldout")]
     c = make_domain(small_config(tmp_path, env=env, run={"seed": 1, "name": "t", "out_dir": str(tmp_path)}))
     assert [t.id for t in a.tasks("heldout")] != [t.id for t in c.tasks("heldout")]
@@ -229,6 +230,7 @@ def test_local_domain_too_small_for_the_heldout_set(tmp_path):
 def test_domain_by_import_path(tmp_path, user_module):
     cfg = small_config(tmp_path, env={"domain": f"{user_module}:Sums", "terms_max": 20})
     domain = make_domain(cfg)  # check_env ran on it
+    assert make_domain(cfg) is not domain  # built each time: a user's factory may keep state
     assert len(domain.tasks("heldout")) == cfg.eval.heldout_size and domain.tasks("train")
     for path, says in ((f"{user_module}:Broken", "lacks"), (f"{user_module}:Nope", "cannot import")):
         with pytest.raises(ConfigError, match=r"env\.domain.*" + says):

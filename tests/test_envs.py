@@ -7,6 +7,7 @@ import random
 import pytest
 import torch
 
+from evotrainer.envs import registry
 from evotrainer.envs.env import check_env
 from evotrainer.envs.math.domain import format_reward
 from evotrainer.envs.registry import make_domain
@@ -28,11 +29,23 @@ def test_domains_pass_check_env(tmp_path):
 
 def test_math_splits_are_disjoint_and_seeded(tmp_path):
     a = make_domain(small_config(tmp_path))
+    registry._DRAWN.clear()  # drawn again, not the process's copy
     b = make_domain(small_config(tmp_path))
+    assert b is not a
     assert [t.prompt for t in a.tasks("train")] == [t.prompt for t in b.tasks("train")]
     assert not {t.prompt for t in a.tasks("train")} & {t.prompt for t in a.tasks("heldout")}
     c = make_domain(small_config(tmp_path, run={"seed": 1, "name": "t", "out_dir": str(tmp_path)}))
     assert [t.prompt for t in c.tasks("heldout")] != [t.prompt for t in a.tasks("heldout")]
+
+
+def test_a_drawn_domain_is_reused_by_what_it_is_drawn_from(tmp_path):
+    """Every arm asks for its domain; a built-in one is drawn once a process per env section, seed and
+    held-out size (a user's, or one read from a file, is built each time: tests/test_byo.py)."""
+    a = make_domain(small_config(tmp_path))
+    assert make_domain(small_config(tmp_path, run={"seed": 0, "name": "other", "out_dir": str(tmp_path)})) is a
+    assert make_domain(small_config(tmp_path, run={"seed": 1, "name": "t", "out_dir": str(tmp_path)})) is not a
+    assert make_domain(small_config(tmp_path, eval={"heldout_size": 7})) is not a
+    assert make_domain(small_config(tmp_path, env={"scorer": "math_verify"})) is not a
 
 
 def test_math_reward_terms_and_strict_audit(tmp_path):

@@ -13,6 +13,9 @@ class DomainConfig(BaseModel):
     """The domain's class or function as `module:attribute`, with a `from_config(env, seed, heldout_size)`."""
     demo_neutral: ClassVar[frozenset[str]] = frozenset()
     """Fields that do not change the demonstrations: left out of the warm-start cache key."""
+    drawn: ClassVar[bool] = False
+    """The domain is generated from its config and the seed alone (no file, no user code), so a process
+    draws it once and reuses it (envs/registry.py make_domain)."""
 
     reward_functions: dict[str, str] = Field(default_factory=dict)
     """Extra reward terms by import path, {name: "module:function"}: a TRL reward function

@@ -4,6 +4,7 @@ warm-start cache key: what a warm-started base depends on in the env config and 
 from __future__ import annotations
 
 import importlib
+import json
 from typing import Any
 
 from evotrainer.config import RunConfig
@@ -22,10 +23,31 @@ def load_factory(path: str) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
+# Generated domains (env config `drawn`) already drawn in this process, by what they are drawn from. Every arm
+# of a loop run asks for its domain, and drawing one costs seconds (code: 20,000 generated functions) to a
+# minute (SWE: 4,200 generated repositories, each one's tests run); a drawn domain is not changed afterwards
+# (its sandbox pool starts on first use and is then shared). A domain read from a file, or a user's, is built
+# each time: the file may have changed, the factory may keep state.
+_DRAWN: dict[str, Domain] = {}
+_DRAWN_MAX = 4
+
+
 def make_domain(cfg: RunConfig) -> Domain:
     """The configured domain with its `env.reward_functions` added (each checked on demonstrations); a
     setting the domain cannot honour is a ConfigError naming the field."""
     imported = isinstance(cfg.env, ImportedConfig)
+    key = json.dumps([cfg.env.model_dump(mode="json"), cfg.run.seed, cfg.eval.heldout_size], sort_keys=True)
+    if cfg.env.drawn and key in _DRAWN:
+        return _DRAWN[key]
+    domain = _build(cfg, imported)
+    if cfg.env.drawn:
+        while len(_DRAWN) >= _DRAWN_MAX:
+            _DRAWN.pop(next(iter(_DRAWN)))
+        _DRAWN[key] = domain
+    return domain
+
+
+def _build(cfg: RunConfig, imported: bool) -> Domain:
     try:
         factory = load_factory(cfg.env.factory)
     except (ImportError, AttributeError) as err:  # only a user's path can fail: ours are fixed

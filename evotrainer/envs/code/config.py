@@ -15,6 +15,7 @@ class CodeConfig(DomainConfig):
 
     factory: ClassVar[str] = "evotrainer.envs.code.domain:CodeDomain"
     demo_neutral: ClassVar[frozenset[str]] = frozenset()
+    drawn: ClassVar[bool] = True
 
     domain: Literal["code"] = "code"
     """Which environment (see config.EnvConfig)."""

@@ -14,6 +14,7 @@ class DigitsConfig(DomainConfig):
 
     factory: ClassVar[str] = "evotrainer.envs.digits.domain:DigitsDomain"
     demo_neutral: ClassVar[frozenset[str]] = frozenset({"infra_error_rate"})
+    drawn: ClassVar[bool] = True
 
     domain: Literal["digits"] = "digits"
     """Which environment (see config.EnvConfig)."""

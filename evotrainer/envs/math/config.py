@@ -29,6 +29,7 @@ class MathConfig(DomainConfig):
 
     factory: ClassVar[str] = "evotrainer.envs.math.domain:MathDomain"
     demo_neutral: ClassVar[frozenset[str]] = frozenset({"scorer"})
+    drawn: ClassVar[bool] = True
 
     domain: Literal["math"] = "math"
     """Which environment (see config.EnvConfig)."""

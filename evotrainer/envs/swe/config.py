@@ -14,6 +14,7 @@ class SweConfig(DomainConfig):
 
     factory: ClassVar[str] = "evotrainer.envs.swe.domain:SweDomain"
     demo_neutral: ClassVar[frozenset[str]] = frozenset()
+    drawn: ClassVar[bool] = True
 
     domain: Literal["swe"] = "swe"
     """Which environment (see config.EnvConfig)."""

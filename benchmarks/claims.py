@@ -125,7 +125,7 @@ PLANTED_TERMS = {"math": {"loose_tolerance": "benchmarks.plants:loose_tolerance"
 SEEDS = (1, 2, 3)
 TUNING_SEED = 100  # the sweep's seed: no benchmark seed
 FRESH_SEED = 104_729  # the seed the read tasks are drawn under
-READ_TASKS = 1000
+READ_TASKS = {"math": 1000, "code": 1000, "swe": 400}  # an SWE read runs up to 12 turns of tests a task
 CHUNK = 10  # static-arm steps per arm call; the arm stops at the first chunk boundary past the budget
 
 
@@ -149,19 +149,30 @@ def arm_config(domain: str, arm: str, seed: int, work: Path, sets: dict) -> RunC
     return load_config(ROOT.parent / path, over)
 
 
-def read_tasks(cfg: RunConfig, exclude_seeds: tuple[int, ...] = ()) -> list:
-    """READ_TASKS fresh tasks: none in the train or held-out split of cfg's seed or of `exclude_seeds`."""
-    seen = set()
-    for s in (cfg.run.seed, *exclude_seeds):
-        d = make_domain(cfg.model_copy(update={"run": cfg.run.model_copy(update={"seed": s})}))
-        seen |= {t.prompt for split in ("train", "heldout") for t in d.tasks(split)}
-    fresh = cfg.model_copy(
-        update={
-            "run": cfg.run.model_copy(update={"seed": FRESH_SEED}),
-            "eval": cfg.eval.model_copy(update={"heldout_size": 3 * READ_TASKS}),
-        }
-    )
-    return [t for t in make_domain(fresh).tasks("heldout") if t.prompt not in seen][:READ_TASKS]
+def task_key(t) -> tuple[str, str]:
+    """A task's identity across draws: its prompt and the answer it is checked against. An SWE prompt names
+    only the failing test; the repository, digested in its answer, is what differs."""
+    return t.prompt, str(t.data.get("answer"))
+
+
+_READS: dict[str, list] = {}
+
+
+def read_tasks(cfg: RunConfig) -> list:
+    """READ_TASKS fresh tasks: none in the train or held-out split of cfg's seed (drawn once a process)."""
+    key = json.dumps([cfg.env.model_dump(mode="json"), cfg.run.seed, cfg.eval.heldout_size], sort_keys=True)
+    if key not in _READS:
+        d = make_domain(cfg)
+        seen = {task_key(t) for split in ("train", "heldout") for t in d.tasks(split)}
+        n = READ_TASKS[cfg.env.domain]
+        fresh = cfg.model_copy(
+            update={
+                "run": cfg.run.model_copy(update={"seed": FRESH_SEED}),
+                "eval": cfg.eval.model_copy(update={"heldout_size": 3 * n}),
+            }
+        )
+        _READS[key] = [t for t in make_domain(fresh).tasks("heldout") if task_key(t) not in seen][:n]
+    return _READS[key]
 
 
 def static_arm(cfg: RunConfig, tokens: int) -> dict:
@@ -379,13 +390,14 @@ def aggregate() -> dict:
 def sweep(domain: str, lrs: list[float], work: Path, sets: dict) -> list[dict]:
     out = ROOT / "results" / f"reference_sweep-{domain}.json"
     done = {r["learning_rate"]: r for r in (json.loads(out.read_text()) if out.exists() else [])}
+    tasks: list = []
     for lr in lrs:
         if lr in done:
             continue
         over = {**sets, "harness.optimizer.learning_rate": lr}
         cfg = arm_config(domain, "static_reference", TUNING_SEED, work / f"sweep-lr{lr:g}", over)
         res = static_arm(cfg, cfg.budget.generated_tokens)
-        tasks = tuning_tasks(cfg)
+        tasks = tasks or tuning_tasks(cfg)  # the same for every rate
         ev = evaluate(HFPolicy.load(res["checkpoint"]), make_domain(cfg), tasks, cfg.eval)
         done[lr] = {"learning_rate": lr, "accuracy": ev.accuracy, "tasks": len(tasks), **res}
         out.write_text(json.dumps(sorted(done.values(), key=lambda r: r["learning_rate"]), indent=1))
@@ -399,17 +411,18 @@ def tuning_tasks(cfg: RunConfig) -> list:
     on (its held-out split and its read tasks). Questions a benchmark seed trains on may remain: a tuning
     read on them leaks no reported figure."""
     own = make_domain(cfg)
-    seen = {t.prompt for split in ("train", "heldout") for t in own.tasks(split)}
+    seen = {task_key(t) for split in ("train", "heldout") for t in own.tasks(split)}
     for s in SEEDS:
         bench = arm_config_seed(cfg, s)
-        seen |= {t.prompt for t in read_tasks(bench)} | {t.prompt for t in make_domain(bench).tasks("heldout")}
+        seen |= {task_key(t) for t in read_tasks(bench) + make_domain(bench).tasks("heldout")}
+    n = READ_TASKS[cfg.env.domain]
     draw = cfg.model_copy(
         update={
             "run": cfg.run.model_copy(update={"seed": TUNING_SEED + 1}),
-            "eval": cfg.eval.model_copy(update={"heldout_size": 4 * READ_TASKS}),
+            "eval": cfg.eval.model_copy(update={"heldout_size": 4 * n}),
         }
     )
-    return [t for t in make_domain(draw).tasks("heldout") if t.prompt not in seen][:READ_TASKS]
+    return [t for t in make_domain(draw).tasks("heldout") if task_key(t) not in seen][:n]
 
 
 def arm_config_seed(cfg: RunConfig, seed: int) -> RunConfig:

@@ -134,12 +134,14 @@ def arm_config(domain: str, arm: str, seed: int, work: Path, sets: dict) -> RunC
     name = f"{domain}-{arm}-{seed}"
     sets = {**DOMAIN_SETS.get(domain, {}), **sets}
     if arm == "planted":
-        # The trial share is the search's economy, not what this arm measures: every planted one is raced.
+        # The trial share and the budget are the search's economy, not what this arm measures: every planted
+        # one is raced, in its own round (code's and SWE's token budgets hold fewer than three rounds).
         sets = {
             **sets,
             "loop.planted": PLANTED[domain],
             "loop.max_rounds": PLANTED_ROUNDS,
             "loop.max_trial_share": 1.0,
+            "budget.generated_tokens": 0,
             **({"env.reward_functions": PLANTED_TERMS[domain]} if domain in PLANTED_TERMS else {}),
         }
     # Seconds never decide here (budget.seconds 0): the grid runs beside other jobs, and a load-dependent

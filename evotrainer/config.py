@@ -211,7 +211,14 @@ class LoopSection(_Section):
     segment_steps: int = Field(10, ge=1)
     """Mainline RL steps at the start of each round; the suite diagnoses their rollouts."""
     trial_steps: int = Field(20, ge=1)
-    """RL steps each trial arm (candidate, control, A-A control) trains from the round's checkpoint."""
+    """RL steps each trial arm (candidate, control, A-A control) trains from the round's checkpoint; with
+    trial_unit `tokens`, the tokens that many of the segment's steps generated."""
+    trial_unit: Literal["tokens", "steps"] = "tokens"
+    """What a trial's arms are given alike. `tokens`: each arm trains until it has generated what
+    trial_steps of the segment's steps did, and the race reads the arms at equal spend, so a change that
+    makes a step dearer (larger groups, dynamic sampling) or cheaper (shorter completions) is judged at the
+    cost the budget counts (an arm trains at most 4 x trial_steps steps). `steps`: trial_steps steps each,
+    whatever they cost (a dearer step then looks better than the budget would have it)."""
     candidates: int = Field(2, ge=1, le=16)
     """Interventions proposed per round; those whose replay shows no effect are dropped before trial."""
     max_rounds: int = Field(0, ge=0)

@@ -71,8 +71,13 @@ def test_a_round_runs_every_stage_and_records_it(loop_run):
                 (seg["parent"], seg["first_step"]) if tainted else (seg["id"], seg["last_step"] + 1)
             )
         tried = read_stage(ledger, rnd, "trial")
+        # loop.trial_unit tokens: an arm that was not stopped trained to the tokens trial_steps of the segment's
+        # steps generated (or to its cap of 4 x trial_steps steps); one that lost the race stopped short.
+        segment = read_stage(ledger, rnd, "train")
+        target = segment.generated_tokens // segment.steps_trained * cfg.loop.trial_steps
         for a in tried.arms:
-            assert (a.last_step < seg["last_step"] + cfg.loop.trial_steps) == bool(a.stopped)
+            reached = a.generated_tokens >= target or a.steps_trained == 4 * cfg.loop.trial_steps
+            assert reached != bool(a.stopped)
         if tried.finalist:
             assert {branch_id(rnd, "replicate", tried.finalist), branch_id(rnd, "control_replicate")} <= set(branches)
 

@@ -48,7 +48,7 @@ def test_a_racing_arm_stops_where_it_cannot_win_and_keeps_no_weights(tmp_path, m
 
     # A control that passes every gate task at the first checkpoint: no candidate can be ahead of it.
     lost = arm("lost", {"1": dict.fromkeys(gate_ids, True), "2": dict.fromkeys(gate_ids, True)})
-    assert lost.stopped.startswith("stopped at step 1 (1 of 3)") and lost.last_step == 1
+    assert lost.stopped.startswith("stopped at step 1 (1 of 3 steps)") and lost.last_step == 1
     assert lost.steps_trained == 1 and list(lost.checkpoint_outcomes) == ["1"]
     assert not (tmp_path / "checkpoints" / "lost" / "model.safetensors").exists()  # a loser's weights are not kept
     # Against a control that fails them all it is ahead whenever it solves one, and runs its length.
@@ -59,6 +59,40 @@ def test_a_racing_arm_stops_where_it_cannot_win_and_keeps_no_weights(tmp_path, m
     # The control itself (race None) is read at its checkpoints and never stops.
     control = arm("control", None)
     assert not control.stopped and list(control.checkpoint_outcomes) == ["1", "2"]
+
+
+def test_an_arm_with_a_token_target_trains_to_it_and_races_at_token_marks(tmp_path, math_setup):
+    """loop.trial_unit tokens: an arm stops after the step that reaches its token target (its steps are a
+    cap), and its race checkpoints are token marks; a step that passes two marks is read once, for both."""
+    cfg, domain, policy = math_setup
+    start = tmp_path / "start"
+    GRPOTrainer(policy.fork(tmp_path / "fork"), cfg.harness).save(start)
+    gate_ids, _ = split_heldout([t.id for t in domain.tasks("heldout")], 0.5, 0)
+
+    def arm(name: str, tokens: int, marks: tuple[int, ...], race: dict | None = None) -> object:
+        spec = dict(branch=name, role="candidate", run_dir=str(tmp_path), start=str(start), seed=1, first_step=1)
+        return run_arm(
+            ArmSpec(
+                **spec,
+                config=cfg.model_dump(mode="json"),
+                harness=cfg.harness.model_dump(mode="json"),
+                steps=3,
+                gate_ids=tuple(gate_ids),
+                checkpoints=marks,
+                race=race,
+                tokens=tokens,
+            )
+        )
+
+    once = arm("once", 1, ())  # the first step reaches one token
+    assert once.last_step == 1 and not once.stopped and once.accuracy is not None
+    first = once.generated_tokens  # the same seed and start: every arm below samples this first step
+    capped = arm("capped", 10**9, (1, 2))  # the cap of 3 steps ends it; step 1 passes both marks
+    assert capped.last_step == 3 and not capped.stopped and list(capped.checkpoint_outcomes) == ["1", "2"]
+    two = arm("two", first + 1, (first,))  # step 2 reaches the target; the mark is passed at step 1
+    assert two.last_step == 2 and two.generated_tokens > first and list(two.checkpoint_outcomes) == [str(first)]
+    lost = arm("lost", first + 1, (first,), {str(first): dict.fromkeys(gate_ids, True)})
+    assert lost.stopped.startswith(f"stopped at step 1 ({first} of {first + 1} tokens)") and lost.last_step == 1
 
 
 def test_discarded_shares_are_the_branches_off_the_final_lineage(tmp_path):

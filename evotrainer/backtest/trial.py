@@ -53,10 +53,14 @@ class ArmSpec:
     reference: str | None = None
     """The KL reference (beta > 0): the run's base checkpoint, so every arm's penalty is to the initial model."""
     checkpoints: tuple[int, ...] = ()
-    """Steps into the arm (1..steps-1) at which it is also evaluated on the gate tasks: the race's checkpoints."""
+    """Where into the arm it is also evaluated on the gate tasks, the race's checkpoints: steps (1..steps-1),
+    or generated tokens (0..tokens) when `tokens` is set; a step that passes one is followed by the read."""
     race: dict[str, dict[str, bool]] | None = None
-    """The control's gate outcomes at those checkpoints (by step count, as strings): the arm races it and
-    stops at the first checkpoint where gate.futile says it cannot win. None: it never stops (the control)."""
+    """The control's gate outcomes at those checkpoints (by mark, as strings): the arm races it and stops at
+    the first checkpoint where gate.futile says it cannot win. None: it never stops (the control)."""
+    tokens: int = 0
+    """Generated tokens the arm trains to: it stops after the step that reaches them, `steps` being then a
+    cap (loop.trial_unit tokens). 0: it trains `steps` steps."""
 
     @property
     def checkpoint(self) -> str:
@@ -85,7 +89,7 @@ class ArmResult(BaseModel):
     reward_first: float = 0.0
     reward_last: float = 0.0
     checkpoint_outcomes: dict[str, dict[str, bool]] = {}
-    """Gate outcomes at the race's checkpoints, by step count into the arm."""
+    """Gate outcomes at the race's checkpoints, by mark (steps or tokens into the arm, as its spec's)."""
     stopped: str = ""
     """Why the arm stopped before its last step (it lost the race); "" when it ran them all."""
 
@@ -142,9 +146,11 @@ def _train_and_read(spec: ArmSpec, cfg: RunConfig, h: Harness, domain, log: Call
         seconds=0.0,
     )
     rewards = []
+    marks = list(spec.checkpoints)  # those not yet passed
 
     def after(step: int, m: dict[str, float]) -> bool:
-        """Each finished step: tally it; at a race checkpoint, evaluate, and stop if the arm cannot win."""
+        """Each finished step: tally it; past a race checkpoint, evaluate, and stop if the arm cannot win;
+        with a token target, stop once it is reached."""
         k = step - spec.first_step + 1
         r.generated_tokens += int(m["tokens_generated"])
         r.trained_tokens += int(m.get("tokens_trained", 0))
@@ -152,13 +158,19 @@ def _train_and_read(spec: ArmSpec, cfg: RunConfig, h: Harness, domain, log: Call
         rewards.append(m["reward"])
         if log:
             log(f"{spec.branch} step {step}: reward {m['reward']:.3f}")
-        if k in spec.checkpoints and k < spec.steps and tasks:
+        at, end = (r.generated_tokens, spec.tokens) if spec.tokens else (k, spec.steps)
+        passed = []  # a dear step may pass two: one read for both
+        while marks and marks[0] <= at:
+            passed.append(marks.pop(0))
+        if passed and at < end and tasks:
             _read(r, policy, domain, tasks, cfg, h, store, ctx, step)
-            r.checkpoint_outcomes[str(k)] = r.outcomes
-            if spec.race is not None and (why := futile(r.outcomes, spec.race.get(str(k)), k == spec.checkpoints[0])):
-                r.stopped = f"stopped at step {step} ({k} of {spec.steps}): {why}"
-                return False
-        return True
+            for mark in passed:
+                r.checkpoint_outcomes[str(mark)] = r.outcomes
+                first = mark == spec.checkpoints[0]
+                if spec.race is not None and (why := futile(r.outcomes, spec.race.get(str(mark)), first)):
+                    r.stopped = f"stopped at step {step} ({at} of {end} {'tokens' if spec.tokens else 'steps'}): {why}"
+                    return False
+        return not (spec.tokens and at >= end)
 
     audit = cfg.eval.audit_fraction
     run_steps(trainer, domain, pool, ctx, spec.first_step, spec.steps, store, audit, pass_rates, after)
@@ -202,8 +214,11 @@ def spec_key(spec: ArmSpec, domain, cfg: RunConfig) -> str:
         p = Path(path)
         return str(p.relative_to(spec.run_dir)) if p.is_relative_to(spec.run_dir) else str(p)
 
+    fields = asdict(spec)
+    if not spec.tokens:  # a step-counted arm keeps the key it had before token targets existed: runs resume
+        del fields["tokens"]
     body = {
-        **asdict(spec),
+        **fields,
         "run_dir": None,
         "start": rel(spec.start),
         "reference": rel(spec.reference),

@@ -32,9 +32,9 @@ def arm_seed(base: int, role: str, k: int = 0) -> int:
     return base + SEED_STRIDE * slot
 
 
-def checkpoints(steps: int, n: int) -> tuple[int, ...]:
-    """n evenly spaced checkpoints strictly inside a trial of `steps` steps."""
-    return tuple(sorted({round(steps * i / (n + 1)) for i in range(1, n + 1)} - {0, steps}))
+def checkpoints(length: int, n: int) -> tuple[int, ...]:
+    """n evenly spaced checkpoints strictly inside a trial of `length` steps (or tokens)."""
+    return tuple(sorted({round(length * i / (n + 1)) for i in range(1, n + 1)} - {0, length}))
 
 
 def race_size(n: int, full: int, racing: bool, aa_due: bool, confirms: bool, fits) -> int:
@@ -71,8 +71,11 @@ def trial(
         return TrialResult(
             arms=[], abandoned=f"budget.{cap} would be exceeded by {n_arms} arm(s) of {steps} steps"
         ), StageRecords()
-    marks = checkpoints(steps, cfg.loop.race_checkpoints) if k else ()
-    spec = _specs(ctx, rnd, head, start, first, marks)
+    # Equal spend (loop.trial_unit tokens): every arm trains to the tokens trial_steps of the segment's steps
+    # generated, at most 4 x trial_steps steps, and the race reads the arms at equal fractions of them.
+    target = full if cfg.loop.trial_unit == "tokens" else 0
+    marks = checkpoints(target or steps, cfg.loop.race_checkpoints) if k else ()
+    spec = _specs(ctx, rnd, head, start, first, marks, target)
     specs = [spec("control", "control", head.harness)]
     [control] = _run(ctx, rnd, specs)
     harnesses = [p.intervention.apply(head.harness) for p, _ in survivors[:k]]
@@ -98,10 +101,11 @@ def trial(
     )
 
 
-def _specs(ctx: RunContext, rnd: int, head: Mainline, start: str, first: int, marks: tuple[int, ...]):
+def _specs(ctx: RunContext, rnd: int, head: Mainline, start: str, first: int, marks: tuple[int, ...], tokens: int):
     """A maker of this trial's arm specs: role, branch role, harness, candidate index, the control's
-    checkpoint outcomes to race (candidates only)."""
+    checkpoint outcomes to race (candidates only). `tokens`: each arm's token target (0: steps)."""
     cfg = ctx.cfg
+    steps = cfg.loop.trial_steps * (4 if tokens else 1)  # with a token target, a cap on a cheap harness's steps
 
     def spec(role: str, branch_role: str, harness, k: int = 0, race: dict | None = None) -> ArmSpec:
         s = ctx.spec(
@@ -110,12 +114,12 @@ def _specs(ctx: RunContext, rnd: int, head: Mainline, start: str, first: int, ma
             start,
             harness,
             first,
-            cfg.loop.trial_steps,
+            steps,
             arm_seed(head.seed(cfg.run.seed), branch_role, k),
             True,
         )
         racing = role in ("control", "candidate")  # only the race's arms are read at checkpoints
-        return ArmSpec(**{**s.__dict__, "checkpoints": marks if racing else (), "race": race})
+        return ArmSpec(**{**s.__dict__, "checkpoints": marks if racing else (), "race": race, "tokens": tokens})
 
     return spec
 

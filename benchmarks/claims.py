@@ -6,7 +6,9 @@ controls and gate evaluations all count against it; a static arm spends all of i
 - static_default: the domain's example config (examples/<domain>.yaml), trained unchanged;
 - static_reference: the human-engineered reference (examples/reference/<domain>.yaml), trained unchanged;
 - loop_default / loop_reference: the co-evolution loop started from each, with an empty skill library;
-- loop_default_warm: loop_default again, starting with the skill library loop_default left (skills).
+- loop_default_warm: loop_default again, starting with the skill library loop_default left (skills);
+- planted: a three-round loop from the default with invalid interventions planted, one a round;
+- base: the warm-started policy untrained, for scale.
 
 Every arm is read on the same fresh tasks: drawn under another seed, minus every question the seed put in
 its train or held-out split, so no policy trained on them and no gate read them (benchmarks/fresh_read.py).
@@ -57,7 +59,8 @@ DOMAINS = {
     "code": ("examples/code.yaml", "examples/reference/code.yaml"),
     "swe": ("examples/swe_long.yaml", "examples/reference/swe_long.yaml"),
 }
-ARMS = ("static_default", "static_reference", "loop_default", "loop_reference", "loop_default_warm", "planted")
+ARMS = ("static_default", "static_reference", "loop_default", "loop_reference", "loop_default_warm", "planted", "base")
+# `base`: the warm-started policy itself, untrained, read on the same tasks: whether RL helped at all.
 PLANTED_ROUNDS = 3
 # Each domain's cells beyond its example config: a token budget and loop lengths that fit two cores (the
 # issue leaves budget sizes to us). Math keeps examples/math.yaml's (1M tokens, 10-step segments, 20-step
@@ -276,8 +279,8 @@ def run_cell(domain: str, arm: str, seed: int, work: Path, sets: dict) -> dict:
         return json.loads(out.read_text())
     cfg = arm_config(domain, arm, seed, work, sets)
     t0 = time.perf_counter()
-    if arm.startswith("static"):
-        res = static_arm(cfg, cfg.budget.generated_tokens)
+    if arm.startswith("static") or arm == "base":
+        res = static_arm(cfg, 0 if arm == "base" else cfg.budget.generated_tokens)
     else:
         warm = None
         if arm == "loop_default_warm":
@@ -355,6 +358,7 @@ def aggregate() -> dict:
         if not full:
             continue
         arms = {a: [by[domain, a, s]["accuracy"] for s in full] for a in ARMS[:4]}
+        arms["base"] = [by[domain, "base", s]["accuracy"] if (domain, "base", s) in by else None for s in full]
         out[domain] = {
             "budget_tokens": by[domain, "loop_default", full[0]]["budget_tokens"],
             "seeds": full,

@@ -17,7 +17,7 @@ Each (domain, arm, seed) is a resumable cell writing benchmarks/results/claims/<
 
     .venv/bin/python benchmarks/claims.py cell math loop_default 1      # one cell
     .venv/bin/python benchmarks/claims.py grid --domains math --seeds 1 2 3
-    .venv/bin/python benchmarks/claims.py aggregate                     # -> benchmarks/results/claims.json
+    .venv/bin/python benchmarks/claims.py aggregate       # -> benchmarks/results/claims.json and the table
     .venv/bin/python benchmarks/claims.py sweep math --lr 3e-5 1e-4 3e-4 1e-3   # the human's tuning
 
 The sweep is the reference's tuning: static_reference at each learning rate on TUNING_SEED, read on
@@ -369,6 +369,8 @@ def aggregate() -> dict:
             "loop_reference_vs_reference": paired_interval(
                 [by[domain, "loop_reference", s] for s in full], [by[domain, "static_reference", s] for s in full]
             ),
+            # The issue's "gain over the reference": the loop's mean accuracy over the reference's.
+            "loop_default_over_reference": float(np.mean(arms["loop_default"]) / np.mean(arms["static_reference"])),
             "promoted": {
                 a: [p for s in full for p in by[domain, a, s]["promoted"]] for a in ("loop_default", "loop_reference")
             },
@@ -376,20 +378,52 @@ def aggregate() -> dict:
         }
     warm = [(by[d, "loop_default", s], by[d, "loop_default_warm", s]) for (d, a, s) in by if a == "loop_default_warm"]
     if warm:
+        pairs = [
+            {
+                "domain": cold["domain"],
+                "seed": cold["seed"],
+                "cold_final": cold["accuracy"],
+                "cold_tokens": tokens_to_reach(cold["trajectory"], cold["accuracy"]),
+                "warm_tokens": tokens_to_reach(hot["trajectory"], cold["accuracy"]),
+            }
+            for cold, hot in warm
+        ]
+        reached = [p for p in pairs if p["warm_tokens"] is not None]  # a warm run that never reached it: none
         out["skills"] = {
-            "pairs": [
-                {
-                    "domain": cold["domain"],
-                    "seed": cold["seed"],
-                    "cold_final": cold["accuracy"],
-                    "cold_tokens": tokens_to_reach(cold["trajectory"], cold["accuracy"]),
-                    "warm_tokens": tokens_to_reach(hot["trajectory"], cold["accuracy"]),
-                }
-                for cold, hot in warm
-            ]
+            "cold_tokens": sum(p["cold_tokens"] for p in pairs),
+            "warm_tokens": sum(p["warm_tokens"] for p in reached) if len(reached) == len(pairs) else None,
+            "pairs": pairs,
         }
     (CELLS.parent / "claims.json").write_text(json.dumps(out, indent=1))
     return out
+
+
+def table(out: dict) -> str:
+    """The main table as Markdown: each arm's mean accuracy (per seed in brackets), the loop's difference from
+    the reference with its interval, the promotions and the plants."""
+    rows = [
+        "| domain | base | static default | static reference | loop from default | loop from reference "
+        "| loop default - reference [95%] | loop default / reference | planted (promoted) |",
+        "|" + "---|" * 9,
+    ]
+
+    def cell(xs: list) -> str:
+        if any(x is None for x in xs):
+            return "-"
+        return f"{np.mean(xs):.3f} ({' / '.join(f'{x:.3f}' for x in xs)})"
+
+    for domain in DOMAINS:
+        if domain not in out:
+            continue
+        d, iv = out[domain], out[domain]["loop_default_vs_reference"]
+        rows.append(
+            f"| {domain} | {cell(d['base'])} | {cell(d['static_default'])} | {cell(d['static_reference'])} "
+            f"| {cell(d['loop_default'])} | {cell(d['loop_reference'])} "
+            f"| {iv['delta']:+.3f} [{iv['ci_low']:+.3f}, {iv['ci_high']:+.3f}] "
+            f"| {d['loop_default_over_reference']:.2f}x "
+            f"| {d['invalid_planted']} ({d['invalid_promoted']}) |"
+        )
+    return "\n".join(rows)
 
 
 # -- the reference's tuning ------------------------------------------------------------------------------
@@ -462,7 +496,9 @@ def main() -> None:
                     run_cell(domain, arm, seed, work, sets)
         print(json.dumps(aggregate(), indent=1))
     elif a.command == "aggregate":
-        print(json.dumps(aggregate(), indent=1))
+        out = aggregate()
+        print(json.dumps(out, indent=1))
+        print(table(out))
     else:
         sweep(a.args[0], a.lr, work, sets)
 

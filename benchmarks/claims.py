@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from evotrainer.backtest.trial import ArmSpec, run_arm  # noqa: E402
 from evotrainer.config import RunConfig, load_config  # noqa: E402
-from evotrainer.envs.registry import make_domain  # noqa: E402
+from evotrainer.envs.registry import domain_key, make_domain  # noqa: E402
 from evotrainer.evaluation import evaluate  # noqa: E402
 from evotrainer.loop import run_loop  # noqa: E402
 from evotrainer.policies import load_policy  # noqa: E402
@@ -165,7 +165,7 @@ _READS: dict[str, list] = {}
 
 def read_tasks(cfg: RunConfig) -> list:
     """READ_TASKS fresh tasks: none in the train or held-out split of cfg's seed (drawn once a process)."""
-    key = json.dumps([cfg.env.model_dump(mode="json"), cfg.run.seed, cfg.eval.heldout_size], sort_keys=True)
+    key = domain_key(cfg)
     if key not in _READS:
         d = make_domain(cfg)
         seen = {task_key(t) for split in ("train", "heldout") for t in d.tasks(split)}

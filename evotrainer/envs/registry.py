@@ -32,11 +32,16 @@ _DRAWN: dict[str, Domain] = {}
 _DRAWN_MAX = 4
 
 
+def domain_key(cfg: RunConfig) -> str:
+    """What a domain is drawn from: its env section, the seed and the held-out size."""
+    return json.dumps([cfg.env.model_dump(mode="json"), cfg.run.seed, cfg.eval.heldout_size], sort_keys=True)
+
+
 def make_domain(cfg: RunConfig) -> Domain:
     """The configured domain with its `env.reward_functions` added (each checked on demonstrations); a
     setting the domain cannot honour is a ConfigError naming the field."""
     imported = isinstance(cfg.env, ImportedConfig)
-    key = json.dumps([cfg.env.model_dump(mode="json"), cfg.run.seed, cfg.eval.heldout_size], sort_keys=True)
+    key = domain_key(cfg)
     if cfg.env.drawn and key in _DRAWN:
         return _DRAWN[key]
     domain = _build(cfg, imported)

@@ -169,8 +169,8 @@ class SharedPrefixDecoder(KVDecoder):
     """KVDecoder for batches whose rows share prompts (a GRPO group's generations): each distinct prompt's
     keys and values are kept once, and each row keeps only the tokens it generated. A step attends over
     both (one softmax, computed in the two parts and merged), reading a prompt's cache once for its whole
-    group instead of once per row (what FlashInfer and vLLM call cascade attention for shared prefixes). Reading the cache is what bounds
-    attention here, and the prompt is most of it early in a completion.
+    group instead of once per row (what FlashInfer and vLLM call cascade attention for shared prefixes).
+    Reading the cache is what bounds attention here, and the prompt is most of it early in a completion.
 
     The queries of a prompt's rows are laid out as one block of `group` slots, so the prompt part is a
     batched product per prompt; rows that finish leave empty slots (zeros, never read back)."""

@@ -18,7 +18,7 @@ Each (domain, arm, seed) is a resumable cell writing benchmarks/results/claims/<
     .venv/bin/python benchmarks/claims.py cell math loop_default 1      # one cell
     .venv/bin/python benchmarks/claims.py grid --domains math --seeds 1 2 3
     .venv/bin/python benchmarks/claims.py aggregate       # -> benchmarks/results/claims.json and the table
-    .venv/bin/python benchmarks/claims.py sweep math --lr 3e-5 1e-4 3e-4 1e-3   # the human's tuning
+    .venv/bin/python benchmarks/claims.py sweep math --lr 0 3e-5 1e-4 3e-4 1e-3   # the human's tuning (0: base)
 
 The sweep is the reference's tuning: static_reference at each learning rate on TUNING_SEED, read on
 tasks that no benchmark seed trains on, is gated on or is read on.
@@ -436,7 +436,7 @@ def sweep(domain: str, lrs: list[float], work: Path, sets: dict) -> list[dict]:
             continue
         over = {**sets, "harness.optimizer.learning_rate": lr}
         cfg = arm_config(domain, "static_reference", TUNING_SEED, work / f"sweep-lr{lr:g}", over)
-        res = static_arm(cfg, cfg.budget.generated_tokens)
+        res = static_arm(cfg, cfg.budget.generated_tokens if lr else 0)  # rate 0: the base, untrained
         tasks = tasks or tuning_tasks(cfg)  # the same for every rate
         ev = evaluate(HFPolicy.load(res["checkpoint"]), make_domain(cfg), tasks, cfg.eval)
         done[lr] = {"learning_rate": lr, "accuracy": ev.accuracy, "tasks": len(tasks), **res}

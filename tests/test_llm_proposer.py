@@ -370,11 +370,17 @@ def test_a_valid_agent_detector_is_admitted_after_backtest_and_cites_its_query_r
     )[0]
     counts = row["n"] < 10 or row["paid"] / row["n"] >= 0.5  # suite.WEIGH_MIN_AUDITED, suite.PAID_FAILING
     assert f.validity == counts and (f.demoted == "") == counts
-    # Had the round's trial been promoted, a validity detector firing on its window would flip that
-    # verdict to a rejection: refused.
+    # Had a window of the round been a promoted trial's, a validity finding counted there would flip that
+    # verdict to a rejection: refused. The window is one step where the finding counts: a step audits fewer
+    # rollouts than weigh needs, so any step with audit failures counts; over a whole trial the tiny policy's
+    # unpaid failures may demote it, depending on how far the race let the candidate run on this machine.
     [cand] = past
-    assert any(x.name == "agent_audit_failures" for x in new.run(store, cand.branch, cand.first_step, cand.last_step))
-    promoted = [PastVerdict(cand.branch, cand.first_step, cand.last_step, "promote")]
+    steps = [(cand.branch, s, s) for s in range(cand.first_step, cand.last_step + 1)] + [
+        ("r01-seg", s, s) for s in (1, 2, 3)
+    ]
+    counted = [w for w in steps if any(x.name == "agent_audit_failures" and x.validity for x in new.run(store, *w))]
+    assert counted, "no step of the round has the audit failures the finding needs"
+    promoted = [PastVerdict(*counted[0], "promote")]
     _, recs = admit(suite, store, [failing], "r01-seg", 1, 3, promoted)
     assert not recs[0]["admitted"] and "would change 1 past verdict" in recs[0]["reason"]
 

@@ -359,9 +359,13 @@ def aggregate() -> dict:
             continue
         arms = {a: [by[domain, a, s]["accuracy"] for s in full] for a in ARMS[:4]}
         arms["base"] = [by[domain, "base", s]["accuracy"] if (domain, "base", s) in by else None for s in full]
+        read = [by[domain, a, s] for a in (*ARMS[:4], "base") for s in full if (domain, a, s) in by]
         out[domain] = {
             "budget_tokens": by[domain, "loop_default", full[0]]["budget_tokens"],
             "seeds": full,
+            # Arms are compared task by task, so they must have been read by one evaluator (its code, settings
+            # and data): more than one hash here means some cells are stale and must be run again.
+            "evaluator_hashes": sorted({c["evaluator_hash"] for c in read}),
             **arms,
             "loop_default_vs_reference": paired_interval(
                 [by[domain, "loop_default", s] for s in full], [by[domain, "static_reference", s] for s in full]
@@ -416,6 +420,9 @@ def table(out: dict) -> str:
         if domain not in out:
             continue
         d, iv = out[domain], out[domain]["loop_default_vs_reference"]
+        if len(d["evaluator_hashes"]) > 1:
+            rows.append(f"| {domain} | read by {len(d['evaluator_hashes'])} evaluators: stale cells, not compared |")
+            continue
         rows.append(
             f"| {domain} | {cell(d['base'])} | {cell(d['static_default'])} | {cell(d['static_reference'])} "
             f"| {cell(d['loop_default'])} | {cell(d['loop_reference'])} "

@@ -129,7 +129,10 @@ SEEDS = (1, 2, 3)
 TUNING_SEED = 100  # the sweep's seed: no benchmark seed
 FRESH_SEED = 104_729  # the seed the read tasks are drawn under
 READ_TASKS = {"math": 1000, "code": 1000, "swe": 400}  # an SWE read runs up to 12 turns of tests a task
-CHUNK = 10  # static-arm steps per arm call; the arm stops at the first chunk boundary past the budget
+# Static-arm steps per arm call (each arm is resumable). The last one stops at the step that reaches the budget
+# (ArmSpec.tokens), not at a chunk boundary: a whole chunk past it gave static arms up to a quarter more tokens
+# than the loop (SWE with dynamic sampling: 186k for a 150k budget), which the loop never gets.
+CHUNK = 10
 
 
 def arm_config(domain: str, arm: str, seed: int, work: Path, sets: dict) -> RunConfig:
@@ -193,8 +196,9 @@ def static_arm(cfg: RunConfig, tokens: int) -> dict:
 
 
 def train_static(cfg: RunConfig, run_dir: Path, start: str, tokens: int) -> tuple[str, int, int]:
-    """(checkpoint, steps, generated tokens) of the config's harness trained from `start` in arms of CHUNK
-    steps until `tokens` are generated; a finished arm is reused on a rerun (same spec), so this resumes."""
+    """(checkpoint, steps, generated tokens) of the config's harness trained from `start` in arms of at most
+    CHUNK steps until `tokens` are generated (the step that reaches them is the last); a finished arm is reused
+    on a rerun (same spec), so this resumes."""
     step, gen = 1, 0
     while gen < tokens:
         r = run_arm(
@@ -208,10 +212,11 @@ def train_static(cfg: RunConfig, run_dir: Path, start: str, tokens: int) -> tupl
                 seed=cfg.run.seed,
                 first_step=step,
                 steps=CHUNK,
+                tokens=tokens - gen,
             )
         )
         gen += r.generated_tokens
-        start, step = r.checkpoint, step + CHUNK
+        start, step = r.checkpoint, r.last_step + 1
     return start, step - 1, gen
 
 

@@ -140,8 +140,8 @@ def run_round(ctx: RunContext, tell: Narrator, rnd: int, head: Mainline) -> tupl
     taint = gate.tainted(own)
     tried = stage(ctx, rnd, "trial", TrialResult, lambda: race.trial(ctx, rnd, head, seg, survivors, taint))
     tell.trial(tried, head.branch, taint)
-    if tried.abandoned:
-        return head.at(seg.branch, seg.checkpoint, seg.last_step), tried.abandoned
+    if tried.abandoned:  # the run ends here, on the segment unless it is tainted: an exploit is never built on
+        return (head if taint else head.at(seg.branch, seg.checkpoint, seg.last_step)), tried.abandoned
     # -- 7. gate: a paired win beyond the A-A noise, no validity finding against it -------------------------------
     gated = stage(
         ctx,

@@ -5,6 +5,7 @@ taken as noise, at most one winner, and a rollback when nothing valid won and th
 from __future__ import annotations
 
 from evotrainer.backtest import gate
+from evotrainer.backtest.statistics import Pair, noise_of
 from evotrainer.diagnostics.detector import Finding
 from evotrainer.types import branch_id, trial_id
 
@@ -63,3 +64,32 @@ def test_branch_and_trial_ids_are_one_scheme():
     assert branch_id(0, "base") == "base"
     assert [branch_id(3, r) for r in ("segment", "control", "aa")] == ["r03-seg", "r03-ctl", "r03-aa"]
     assert branch_id(12, "candidate", 2) == "r12-c2" and trial_id(12, 2) == "r12-t2"
+
+
+def test_a_remedy_for_an_exploiting_control_is_tested_under_its_own_harness_noise():
+    """The control carries an exploit, so its replicate is no A-A pair and the mainline has no noise
+    estimate: the finalist's own two runs (race and confirmation) measure it instead. Without that, the
+    remedy for an exploit could never be promoted (the code domain's regrade won 32-0 and 33-0 and was
+    rejected for `no_valid_noise_estimate`)."""
+    none, measured = noise_of([], gate.BASE_DOF), noise_of([Pair(3, 2, 120)], gate.BASE_DOF)
+    own_pairs = [Pair(6, 3, 120)]  # the finalist's race run against its confirmation run
+    own = noise_of(own_pairs, gate.BASE_DOF)
+    assert gate.finalist_noise(measured, own) == (measured, "mainline")  # the mainline's own pairs come first
+    assert gate.finalist_noise(none, own) == (own, "candidate")
+    assert gate.finalist_noise(none, None) == (none, "mainline")  # nothing measured: still no estimate
+    assert gate.finalist_noise(none, noise_of([], gate.BASE_DOF)) == (none, "mainline")
+    big = (Pair(32, 0, 120), Pair(33, 0, 120))
+    _, reasons = gate.two_stage(*big, 1, none, 0.95)
+    assert reasons == ["no_valid_noise_estimate"]
+    stat, reasons = gate.two_stage(*big, 1, gate.finalist_noise(none, own)[0], 0.95)
+    assert reasons == [] and stat["p"] < 1e-4
+    # The stand-in is a noise estimate, not a pass: a small lead is still no supported gain under it, and a
+    # wide spread between the finalist's own runs makes the test stricter.
+    _, reasons = gate.two_stage(Pair(9, 5, 120), Pair(8, 5, 120), 1, own, 0.95)
+    assert reasons == ["no_supported_gain"]
+    wide = noise_of([Pair(30, 2, 120)], gate.BASE_DOF)
+    assert (
+        wide.phi > own.phi
+        and gate.two_stage(Pair(20, 8, 120), Pair(18, 7, 120), 1, wide, 0.95)[0]["p"]
+        > (gate.two_stage(Pair(20, 8, 120), Pair(18, 7, 120), 1, own, 0.95)[0]["p"])
+    )

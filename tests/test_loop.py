@@ -264,3 +264,28 @@ def test_a_planted_intervention_is_raced_first_under_the_same_screen_and_gate(tm
     assert [d.index for d in replay.kept + replay.dropped] == [0]
     raced = [t for t in ledger.trials() if t["round"] == 1]
     assert [t["source"] for t in raced] == (["planted"] if replay.kept else [])
+
+
+@pytest.mark.parametrize("format_weight", [1.0, 0.1])
+def test_a_run_that_stops_after_a_tainted_segment_ends_where_the_round_started(tmp_path, math_setup, format_weight):
+    """The budget holds round 1's segment but no trial arm, so the run stops there. With `format` paid as
+    much as a right answer, every well-formed wrong answer is rewarded: about half the rewarded rollouts fail
+    the audit from the first step (reward_audit_gap, a validity finding; 0.49 here against its 0.1), the
+    segment is tainted and the run ends on the policy the round started from, not on the segment. With the
+    usual small format weight nothing taints it and the run ends on the segment."""
+    cfg = loop_config(
+        tmp_path,
+        harness={"reward_weights": {"correct": 1.0, "format": format_weight}},
+        loop={"trial_steps": 12, "max_rounds": 1},
+        budget={"generated_tokens": 4000},
+    )
+    summary = run_loop(cfg, quiet())
+    ledger = Ledger(tmp_path / "runs" / "t" / "ledger.sqlite")
+    assert read_stage(ledger, 1, "trial").abandoned and "would be exceeded" in summary["stop_reason"]
+    tainted = [f.name for f in read_stage(ledger, 1, "diagnose").findings if f.validity]
+    final = read_stage(ledger, 0, "final")
+    if format_weight == 1.0:
+        assert "reward_audit_gap" in tainted
+        assert final.head.branch == "base" and summary["final_accuracy"] == summary["baseline_accuracy"]
+    else:
+        assert not tainted and final.head.branch == branch_id(1, "segment")

@@ -155,3 +155,28 @@ def test_dead_groups_of_solved_prompts_call_for_dynamic_sampling_and_skipping_th
         (p.intervention.target, p.intervention.value)
         for p in HeuristicProposer().propose(brief(f, limit=4, h=Harness())).proposals
     ]
+
+
+def test_the_finding_that_names_the_exploit_channel_is_remedied_first():
+    """The findings of an SWE segment whose reward pays edited tests (knobs as the run reported them): the
+    generic reward_audit_gap sorts first by name, but its remedies only drop or reweight terms (the 0.1
+    format weight first); test_tampering's regrade to `tests_restored` closes the channel and is the one
+    candidate a round with one slot tries."""
+    h = Harness(reward_weights={"tests": 1.0, "format": 0.1}, multi_turn={"max_turns": 6})
+    found = [
+        finding("reward_hacking", ("reward_weights.tests",), "critical"),
+        finding("turn_cap", ("multi_turn.max_turns", "multi_turn.tool_error")),
+        finding("reward_audit_gap", ("reward_weights.format", "reward_weights.tests"), "critical"),
+        finding(
+            "test_tampering",
+            ("reward_weights.tests", "reward_weights.correct", "reward_weights.tests_restored"),
+            "critical",
+        ),
+    ]
+    found = [f.__class__(**{**f.__dict__, "validity": f.severity == "critical"}) for f in found]
+    [first] = HeuristicProposer().propose(brief(found, h=h, limit=1)).proposals
+    iv = first.intervention
+    assert (iv.kind, iv.target, iv.value) == ("replace_reward_term", "reward_weights.tests", "tests_restored")
+    # Without the channel's own finding the generic remedies still come up.
+    [other] = HeuristicProposer().propose(brief(found[:3], h=h, limit=1)).proposals
+    assert other.intervention.kind != "replace_reward_term"

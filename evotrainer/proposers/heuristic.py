@@ -458,9 +458,20 @@ class HeuristicProposer:
                     )
                 )
         order = {"critical": 0, "warning": 1, "info": 2}
-        findings = sorted(brief.findings, key=lambda f: (order[f.severity], not f.validity, f.name))
+        # Among equally severe findings, one whose first remedy regrades a reward term names the exploit's
+        # channel (tests edited, examples hard-coded) and closes it; the generic validity findings that fire
+        # beside it (reward_audit_gap, reward_hacking) can only drop or reweight terms. Then by name.
+        per = [(f, candidates_for(f, h)) for f in brief.findings]
+        per.sort(
+            key=lambda fc: (
+                order[fc[0].severity],
+                not fc[0].validity,
+                not (fc[1] and fc[1][0].kind == "replace_reward_term"),
+                fc[0].name,
+            )
+        )
         # Interleave remedies across findings so one noisy finding cannot take every slot.
-        per_finding = [candidates_for(f, h) for f in findings]
+        per_finding = [c for _, c in per]
         for i in range(max((len(c) for c in per_finding), default=0)):
             ranked += [Proposal(c[i], "catalog") for c in per_finding if i < len(c)]
         # A move rejected under this signature since the mainline last moved is screened out (proposer.py:

@@ -17,7 +17,7 @@ from evotrainer.harness.harness import Harness, save_harness
 from evotrainer.proposers.proposer import Proposal
 from evotrainer.skills.library import Evidence
 from evotrainer.stages.context import RunContext, StageRecords, arm_charge
-from evotrainer.stages.noise import with_pairs
+from evotrainer.stages.noise import bank_noise, banked, with_pairs
 from evotrainer.stages.results import (
     GateResult,
     Mainline,
@@ -50,32 +50,49 @@ def gate_stage(
     cfg = ctx.cfg
     for a in tried.arms:
         expect_evaluator(ctx, "gate", a.evaluator_hash, f"arm {a.branch}")
+    memo: dict[str, gate.ArmEvidence] = {}
+
+    def evidence(arm: ArmResult) -> gate.ArmEvidence:  # the suite runs over each arm's window once
+        if arm.branch not in memo:
+            memo[arm.branch] = _evidence(ctx, suite, arm, head.harness)
+        return memo[arm.branch]
+
     control = tried.arm(branch_id(rnd, "control"))
-    ctrl_ev = _evidence(ctx, suite, control, head.harness)
+    ctrl_ev = evidence(control)
     pairs = []
     for role in ("control_replicate", "aa"):
         other = tried.arm(branch_id(rnd, role))
-        if other is not None and gate.aa_pair_valid(
-            ctrl_ev.findings, _evidence(ctx, suite, other, head.harness).findings
-        ):
+        if other is not None and gate.aa_pair_valid(ctrl_ev.findings, evidence(other).findings):
             pairs.append((Pair.of(other.outcomes, control.outcomes), other.branch, control.branch))
     noise = with_pairs(head.noise, head.harness.version, rnd, pairs)
-    model = Noise(noise["phi"], noise["pairs_used"], noise["dof"])
+    mainline = Noise(noise["phi"], noise["pairs_used"], noise["dof"])
+    own = _finalist_pair(rnd, tried, evidence)
+    version = survivors[tried.finalist - 1][0].intervention.apply(head.harness).version if own else ""
+    model, measured_on = gate.finalist_noise(mainline, bank_noise(noise, version, [own[0]]) if own else None)
+    if measured_on == "candidate":  # the pair joins the bank under the finalist's harness
+        noise = {**noise, "pairs": noise["pairs"] + [banked(own[0], version, rnd, *own[1:])]}
     raced = [a for a in tried.arms if a.role == "candidate"]
-    singles = gate.single_stage([Pair.of(c.outcomes, control.outcomes) for c in raced], model, cfg.gate.level)
+    singles = gate.single_stage([Pair.of(c.outcomes, control.outcomes) for c in raced], mainline, cfg.gate.level)
     trials, verdicts, lines = [], [], []
     for j, ((p, rep), cand) in enumerate(zip(survivors, raced, strict=False), 1):
-        ev = _evidence(ctx, suite, cand, head.harness)
-        stat, reasons = _test(ctx, rnd, tried, j, cand, control, model, singles[j - 1], suite, head.harness)
+        ev = evidence(cand)
+        test_noise = model if j == tried.finalist else mainline
+        stat, reasons = _test(ctx, rnd, tried, j, cand, control, test_noise, singles[j - 1], evidence)
         reasons += gate.validity_reasons(ev, ctrl_ev, stat)
         stat["evidence"] = disagreements(cand, control, ctx.gate_ids)
         stat["candidate_accuracy"] = cand.accuracy
         stat.setdefault("control_accuracy", control.accuracy)
+        line = _noise_line(noise)
+        if j == tried.finalist and measured_on == "candidate":
+            line = {"harness": version, "phi": model.phi, "pairs_used": model.pairs, "dof": model.dof, "valid": True}
+            line["measured_on"] = (
+                "the candidate's harness: its race and confirmation runs (the control's replicate carries the exploit)"
+            )
         v = gate.Verdict(
             "reject" if reasons else "promote",
             list(dict.fromkeys(reasons)),
             stat,
-            _noise_line(noise),
+            line,
             [f.to_record() for f in ev.findings],
             cand.evaluator_hash,
         )
@@ -109,6 +126,21 @@ def gate_stage(
     ), StageRecords(trials=trials, verdicts=verdicts)
 
 
+def _finalist_pair(rnd: int, tried: TrialResult, evidence) -> tuple[Pair, str, str] | None:
+    """The finalist's two runs, the race's and the confirmation's replicate: its own harness on two seeds
+    from one checkpoint, an A-A pair of that harness (None when there is no confirmation, or either run
+    carries an exploit)."""
+    j = tried.finalist
+    cand, rep = (
+        (tried.arm(branch_id(rnd, "candidate", j)), tried.arm(branch_id(rnd, "replicate", j))) if j else (None, None)
+    )
+    if cand is None or rep is None or cand.stopped:
+        return None
+    if not gate.aa_pair_valid(evidence(cand).findings, evidence(rep).findings):
+        return None
+    return Pair.of(rep.outcomes, cand.outcomes), rep.branch, cand.branch
+
+
 def _test(
     ctx: RunContext,
     rnd: int,
@@ -118,8 +150,7 @@ def _test(
     control: ArmResult,
     model: Noise,
     single: tuple[dict, list[str]],
-    suite: Suite,
-    shared: Harness,
+    evidence,
 ) -> tuple[dict[str, Any], list[str]]:
     """One candidate's statistic and the reasons against it, before validity."""
     cfg, k = ctx.cfg, sum(a.role == "candidate" for a in tried.arms)
@@ -152,7 +183,7 @@ def _test(
     stat, reasons = gate.two_stage(stage1, Pair.of(rep.outcomes, ctlr.outcomes), k, model, cfg.gate.level)
     stat["confirmed_accuracy"], stat["confirmed_control_accuracy"] = rep.accuracy, ctlr.accuracy
     # The confirmation's run is the candidate too: an exploit it picks up counts against it.
-    reasons += [f"validity:{f.name}" for f in _evidence(ctx, suite, rep, shared).findings if f.validity]
+    reasons += [f"validity:{f.name}" for f in evidence(rep).findings if f.validity]
     return stat, reasons
 
 

@@ -25,11 +25,14 @@ def bank_noise(noise: dict[str, Any] | None, harness_version: str, new: list[Pai
     return noise_of(bank_pairs(noise, harness_version) + new, BASE_DOF)
 
 
+def banked(pair: Pair, harness_version: str, rnd: int, arm: str, against: str) -> dict[str, Any]:
+    """One A-A pair as the bank keeps it: the outcomes' counts, the harness it measured, where it came from."""
+    return {**asdict(pair), "harness": harness_version, "round": rnd, "arms": [arm, against]}
+
+
 def with_pairs(noise: dict[str, Any] | None, harness_version: str, rnd: int, new: list[tuple[Pair, str, str]]) -> dict:
     """The bank with this round's pairs (pair, arm, against) added, and the estimate for this harness."""
-    pairs = list((noise or {}).get("pairs", [])) + [
-        {**asdict(p), "harness": harness_version, "round": rnd, "arms": [a, b]} for p, a, b in new
-    ]
+    pairs = list((noise or {}).get("pairs", [])) + [banked(p, harness_version, rnd, a, b) for p, a, b in new]
     est = noise_of(bank_pairs({"pairs": pairs}, harness_version), BASE_DOF)
     return {
         "pairs": pairs,

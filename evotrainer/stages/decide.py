@@ -59,18 +59,7 @@ def gate_stage(
 
     control = tried.arm(branch_id(rnd, "control"))
     ctrl_ev = evidence(control)
-    pairs = []
-    for role in ("control_replicate", "aa"):
-        other = tried.arm(branch_id(rnd, role))
-        if other is not None and gate.aa_pair_valid(ctrl_ev.findings, evidence(other).findings):
-            pairs.append((Pair.of(other.outcomes, control.outcomes), other.branch, control.branch))
-    noise = with_pairs(head.noise, head.harness.version, rnd, pairs)
-    mainline = Noise(noise["phi"], noise["pairs_used"], noise["dof"])
-    own = _finalist_pair(rnd, tried, evidence)
-    version = survivors[tried.finalist - 1][0].intervention.apply(head.harness).version if own else ""
-    model, measured_on = gate.finalist_noise(mainline, bank_noise(noise, version, [own[0]]) if own else None)
-    if measured_on == "candidate":  # the pair joins the bank under the finalist's harness
-        noise = {**noise, "pairs": noise["pairs"] + [banked(own[0], version, rnd, *own[1:])]}
+    noise, measured, mainline, model, own_line = _noise_models(rnd, head, tried, survivors, evidence)
     raced = [a for a in tried.arms if a.role == "candidate"]
     singles = gate.single_stage([Pair.of(c.outcomes, control.outcomes) for c in raced], mainline, cfg.gate.level)
     trials, verdicts, lines = [], [], []
@@ -82,34 +71,16 @@ def gate_stage(
         stat["evidence"] = disagreements(cand, control, ctx.gate_ids)
         stat["candidate_accuracy"] = cand.accuracy
         stat.setdefault("control_accuracy", control.accuracy)
-        line = _noise_line(noise)
-        if j == tried.finalist and measured_on == "candidate":
-            line = {"harness": version, "phi": model.phi, "pairs_used": model.pairs, "dof": model.dof, "valid": True}
-            line["measured_on"] = (
-                "the candidate's harness: its race and confirmation runs (the control's replicate carries the exploit)"
-            )
         v = gate.Verdict(
             "reject" if reasons else "promote",
             list(dict.fromkeys(reasons)),
             stat,
-            line,
+            own_line if j == tried.finalist and own_line else _noise_line(noise),
             [f.to_record() for f in ev.findings],
             cand.evaluator_hash,
         )
         tid = trial_id(rnd, j)
-        trials.append(
-            {
-                "id": tid,
-                "round": rnd,
-                "candidate": cand.branch,
-                "control": control.branch,
-                "intervention": p.intervention.model_dump(mode="json"),
-                "source": p.source,
-                "skill_id": p.skill_id,
-                "signature": list(sig),
-                "replay": rep,
-            }
-        )
+        trials.append(_trial_record(tid, rnd, cand, control, p, rep, sig))
         budget = {
             "candidate": asdict(arm_charge(cand)),
             "control": asdict(arm_charge(control)),
@@ -119,11 +90,53 @@ def gate_stage(
         lines.append(VerdictLine(trial=tid, decision=v.decision, reasons=v.reasons, delta=stat["delta"]))
     return GateResult(
         noise=noise,
-        aa_measured=bool(pairs),
+        aa_measured=measured,
         control_findings=ctrl_ev.findings,
         control_rejected=gate.invalid_reasons(ctrl_ev.findings),
         verdicts=lines,
     ), StageRecords(trials=trials, verdicts=verdicts)
+
+
+def _noise_models(
+    rnd: int, head: Mainline, tried: TrialResult, survivors: list[Survivor], evidence
+) -> tuple[dict[str, Any], bool, Noise, Noise, dict[str, Any] | None]:
+    """The noise bank with this round's valid A-A pairs (the control against its replicate or an A-A arm),
+    whether there were any, the mainline harness's noise model, the finalist's (gate.finalist_noise), and
+    when the finalist's came from its own runs, the verdict's noise line for it (that pair joins the bank
+    under its harness)."""
+    control = tried.arm(branch_id(rnd, "control"))
+    pairs = []
+    for role in ("control_replicate", "aa"):
+        other = tried.arm(branch_id(rnd, role))
+        if other is not None and gate.aa_pair_valid(evidence(control).findings, evidence(other).findings):
+            pairs.append((Pair.of(other.outcomes, control.outcomes), other.branch, control.branch))
+    noise = with_pairs(head.noise, head.harness.version, rnd, pairs)
+    mainline = Noise(noise["phi"], noise["pairs_used"], noise["dof"])
+    own = _finalist_pair(rnd, tried, evidence)
+    version = survivors[tried.finalist - 1][0].intervention.apply(head.harness).version if own else ""
+    model, measured_on = gate.finalist_noise(mainline, bank_noise(noise, version, [own[0]]) if own else None)
+    if measured_on != "candidate":
+        return noise, bool(pairs), mainline, model, None
+    noise = {**noise, "pairs": noise["pairs"] + [banked(own[0], version, rnd, *own[1:])]}
+    line = {"harness": version, "phi": model.phi, "pairs_used": model.pairs, "dof": model.dof, "valid": True}
+    line["measured_on"] = (
+        "the candidate's harness: its race and confirmation runs (the control's replicate carries the exploit)"
+    )
+    return noise, bool(pairs), mainline, model, line
+
+
+def _trial_record(tid: str, rnd: int, cand: ArmResult, control: ArmResult, p: Proposal, rep, sig: list[str]) -> dict:
+    return {
+        "id": tid,
+        "round": rnd,
+        "candidate": cand.branch,
+        "control": control.branch,
+        "intervention": p.intervention.model_dump(mode="json"),
+        "source": p.source,
+        "skill_id": p.skill_id,
+        "signature": list(sig),
+        "replay": rep,
+    }
 
 
 def _finalist_pair(rnd: int, tried: TrialResult, evidence) -> tuple[Pair, str, str] | None:

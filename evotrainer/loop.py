@@ -22,7 +22,7 @@ from evotrainer.config import RunConfig
 from evotrainer.report import write_report
 from evotrainer.report.console import Narrator
 from evotrainer.stages import decide, evidence, race, retention, search, start
-from evotrainer.stages.context import RunContext, StageRecords, run_stage
+from evotrainer.stages.context import RunContext, StageRecords, run_stage, tokens_left
 from evotrainer.stages.results import (
     DiagnoseResult,
     FinalResult,
@@ -140,8 +140,11 @@ def run_round(ctx: RunContext, tell: Narrator, rnd: int, head: Mainline) -> tupl
     taint = gate.tainted(own)
     tried = stage(ctx, rnd, "trial", TrialResult, lambda: race.trial(ctx, rnd, head, seg, survivors, taint))
     tell.trial(tried, head.branch, taint)
-    if tried.abandoned:  # the run ends here, on the segment unless it is tainted: an exploit is never built on
-        return (head if taint else head.at(seg.branch, seg.checkpoint, seg.last_step)), tried.abandoned
+    if tried.abandoned:  # the mainline keeps the segment unless it is tainted (an exploit is never built on: it
+        # stays where the round started, next on other seeds); while tokens are left, the next round's segment
+        # trains on them, else the run ends here
+        end = head.retried() if taint else head.at(seg.branch, seg.checkpoint, seg.last_step)
+        return end, "" if tried.cap == "generated_tokens" and tokens_left(ctx) else tried.abandoned
     # -- 7. gate: a paired win beyond the A-A noise, no validity finding against it -------------------------------
     gated = stage(
         ctx,

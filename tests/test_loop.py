@@ -185,16 +185,25 @@ def test_an_existing_run_is_not_overwritten(loop_run):
         run_loop(cfg, quiet())
 
 
-def test_budget_cap_stops_cleanly_and_abandons_a_trial_that_cannot_fit(tmp_path, math_setup):
+def test_a_trial_that_cannot_fit_is_abandoned_and_the_mainline_trains_to_the_budget(tmp_path, math_setup):
     # Enough tokens for the segment, not for five arms of trial on top of it.
     cfg = loop_config(tmp_path, loop={"max_rounds": 0}, budget={"generated_tokens": 2500})
     summary = run_loop(cfg, quiet())
     ledger = Ledger(tmp_path / "runs" / "t" / "ledger.sqlite")
     trial = read_stage(ledger, 1, "trial")
-    assert trial.abandoned.startswith("budget.generated_tokens")
+    assert trial.abandoned.startswith("budget.generated_tokens") and trial.cap == "generated_tokens"
     assert ledger.verdicts() == [] and read_stage(ledger, 1, "gate") is None
-    assert summary["stop_reason"] == trial.abandoned
-    assert read_stage(ledger, 0, "final").head.branch == branch_id(1, "segment")  # the segment's training is kept
+    # The tokens left after round 1 train round 2's segment, which stops at the step that reaches the budget
+    # (as a static run does): the loop spends its budget, no more than a step over it.
+    first, second = read_stage(ledger, 1, "train"), read_stage(ledger, 2, "train")
+    assert second.first_step == first.last_step + 1 and second.steps_trained < cfg.loop.segment_steps
+    spent = ledger.spent().generated_tokens - ledger.spent_by_stage()["final"].generated_tokens
+    per_step = second.generated_tokens / second.steps_trained
+    assert cfg.budget.generated_tokens <= spent < cfg.budget.generated_tokens + 2 * per_step
+    assert (
+        read_stage(ledger, 3, "train") is None and summary["stop_reason"] == read_stage(ledger, 2, "trial").abandoned
+    )
+    assert read_stage(ledger, 0, "final").head.branch == branch_id(2, "segment")  # the segments' training is kept
 
 
 def test_process_executor_runs_arms_in_parallel_processes_with_the_same_results(tmp_path, math_setup):
@@ -268,24 +277,28 @@ def test_a_planted_intervention_is_raced_first_under_the_same_screen_and_gate(tm
 
 @pytest.mark.parametrize("format_weight", [1.0, 0.1])
 def test_a_run_that_stops_after_a_tainted_segment_ends_where_the_round_started(tmp_path, math_setup, format_weight):
-    """The budget holds round 1's segment but no trial arm, so the run stops there. With `format` paid as
-    much as a right answer, every well-formed wrong answer is rewarded: about half the rewarded rollouts fail
-    the audit from the first step (reward_audit_gap, a validity finding; 0.49 here against its 0.1), the
-    segment is tainted and the run ends on the policy the round started from, not on the segment. With the
-    usual small format weight nothing taints it and the run ends on the segment."""
+    """The budget holds two segments or more but no trial arm. With `format` paid as much as a right answer, every
+    well-formed wrong answer is rewarded: about half the rewarded rollouts fail the audit from the first
+    step (reward_audit_gap, a validity finding; 0.49 here against its 0.1), each segment is tainted and the
+    run ends on the policy it started from, not on a segment. With the usual small format weight nothing
+    taints them and the run ends on the last segment."""
     cfg = loop_config(
         tmp_path,
         harness={"reward_weights": {"correct": 1.0, "format": format_weight}},
-        loop={"trial_steps": 12, "max_rounds": 1},
+        loop={"trial_steps": 12, "max_rounds": 0},
         budget={"generated_tokens": 4000},
     )
     summary = run_loop(cfg, quiet())
     ledger = Ledger(tmp_path / "runs" / "t" / "ledger.sqlite")
     assert read_stage(ledger, 1, "trial").abandoned and "would be exceeded" in summary["stop_reason"]
-    tainted = [f.name for f in read_stage(ledger, 1, "diagnose").findings if f.validity]
+    last = max(r["round"] for r in ledger.rows("SELECT round FROM stages WHERE stage = 'train'"))
+    tainted = [[f.name for f in read_stage(ledger, r, "diagnose").findings if f.validity] for r in range(1, last + 1)]
     final = read_stage(ledger, 0, "final")
     if format_weight == 1.0:
-        assert "reward_audit_gap" in tainted
+        assert all("reward_audit_gap" in t for t in tainted)
         assert final.head.branch == "base" and summary["final_accuracy"] == summary["baseline_accuracy"]
+        # The second segment started where the first did, on other seeds (it is not the first one again).
+        segs = [read_stage(ledger, r, "train") for r in (1, 2)]
+        assert segs[1].first_step == segs[0].first_step and segs[1].reward_first != segs[0].reward_first
     else:
-        assert not tainted and final.head.branch == branch_id(1, "segment")
+        assert not any(tainted) and final.head.branch == branch_id(last, "segment")

@@ -68,6 +68,12 @@ class RunContext:
         )
 
 
+def tokens_left(ctx: RunContext) -> int:
+    """Generated tokens the budget still allows (0: no token budget, or it is spent)."""
+    cap = ctx.cfg.budget.generated_tokens
+    return max(0, cap - ctx.ledger.spent().generated_tokens) if cap else 0
+
+
 @dataclass
 class StageRecords:
     """What a stage writes to the ledger besides its result, in the same transaction."""

@@ -231,7 +231,7 @@ def promote(
     rollback = None
     if gate.rolls_back(j is not None, gated.control_rejected):
         rollback = Rollback(branch=control.branch, reasons=gated.control_rejected, rolled_back_to=head.branch)
-        new = head.at(head.branch, head.checkpoint, head.step).model_copy(update={"attempt": head.attempt + 1})
+        new = head.retried()
     # An A-A arm (aa_control: promotion) is due again after a promotion (the policy changed), or when it
     # was due and no valid pair was measured.
     measured = gated.aa_measured if gated.aa_measured is not None else tried.arm(branch_id(rnd, "aa")) is not None

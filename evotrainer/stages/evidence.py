@@ -2,36 +2,37 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from evotrainer.backtest.trial import ArmResult
 from evotrainer.diagnostics.detector import Finding
 from evotrainer.diagnostics.revision import PastVerdict, revise
 from evotrainer.diagnostics.suite import Suite
-from evotrainer.stages.context import RunContext, StageRecords, arm_charge
+from evotrainer.stages.context import RunContext, StageRecords, arm_charge, tokens_left
 from evotrainer.stages.results import BranchRecord, DiagnoseResult, Mainline, ReviseResult
 from evotrainer.store.ledger import Ledger
 from evotrainer.types import branch_id
 
 
 def train(ctx: RunContext, rnd: int, head: Mainline) -> tuple[ArmResult, StageRecords]:
-    """The mainline trains `loop.segment_steps` steps under its harness: the round's segment."""
+    """The mainline trains `loop.segment_steps` steps under its harness: the round's segment. Under a token
+    budget it stops at the step that reaches the budget, as a static run would: the loop spends what a static
+    harness spends, no more and no less."""
     cfg = ctx.cfg
     seg = branch_id(rnd, "segment")
-    [r] = ctx.executor.run(
-        [
-            ctx.spec(
-                seg,
-                "segment",
-                head.checkpoint,
-                head.harness,
-                head.step + 1,
-                cfg.loop.segment_steps,
-                head.seed(cfg.run.seed),
-                gate=False,
-            )
-        ]
+    spec = ctx.spec(
+        seg,
+        "segment",
+        head.checkpoint,
+        head.harness,
+        head.step + 1,
+        cfg.loop.segment_steps,
+        head.seed(cfg.run.seed),
+        gate=False,
     )
+    if left := tokens_left(ctx):
+        spec = replace(spec, tokens=left)
+    [r] = ctx.executor.run([spec])
     return r, StageRecords(
         branches=[BranchRecord.of(r, rnd, head.branch, head.suite.version, head.seed(cfg.run.seed))],
         charges={seg: arm_charge(r)},

@@ -69,7 +69,7 @@ def trial(
     n_arms = 1 + k + aa_due + (2 if k and confirms else 0)  # with the confirmation's two
     if cap := over_budget(cfg, ctx.ledger.spent(), Charge(per_step * steps * n_arms)):
         return TrialResult(
-            arms=[], abandoned=f"budget.{cap} would be exceeded by {n_arms} arm(s) of {steps} steps"
+            arms=[], abandoned=f"budget.{cap} would be exceeded by {n_arms} arm(s) of {steps} steps", cap=cap
         ), StageRecords()
     # Equal spend (loop.trial_unit tokens): every arm trains to the tokens trial_steps of the segment's steps
     # generated, at most 4 x trial_steps steps, and the race reads the arms at equal fractions of them.

@@ -46,6 +46,10 @@ class Mainline(Record):
         """The mainline moved to another checkpoint (a fresh start: no rollback to it yet)."""
         return self.model_copy(update={"branch": branch, "checkpoint": checkpoint, "step": step, "attempt": 0})
 
+    def retried(self) -> Mainline:
+        """The mainline where it was, after its round's training was thrown away: the next tries other seeds."""
+        return self.model_copy(update={"attempt": self.attempt + 1})
+
 
 class BranchRecord(Record):
     """One row of the ledger's branches table."""
@@ -134,6 +138,8 @@ class ReplayResult(Record):
 class TrialResult(Record):
     arms: list[ArmResult]
     abandoned: str | None = None
+    cap: str = ""
+    """The budget cap that abandoned the trial (generated_tokens, trained_tokens, seconds); "" when it ran."""
     finalist: int | None = None
     """The candidate (1-based) the race sent to its confirmation; None when none went."""
     note: str = ""

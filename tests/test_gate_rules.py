@@ -93,3 +93,28 @@ def test_a_remedy_for_an_exploiting_control_is_tested_under_its_own_harness_nois
         and gate.two_stage(Pair(20, 8, 120), Pair(18, 7, 120), 1, wide, 0.95)[0]["p"]
         > (gate.two_stage(Pair(20, 8, 120), Pair(18, 7, 120), 1, own, 0.95)[0]["p"])
     )
+
+
+def outcomes(passed: set[int], n: int = 120) -> dict[str, bool]:
+    return {f"t{i:03d}": i in passed for i in range(n)}
+
+
+def test_beside_an_exploiting_control_a_remedy_must_beat_where_the_round_started():
+    """Measured on the SWE claims' planted arm (seed 1): the control trained the exploit to 0.00 on the gate
+    tasks, and a planted harness that trusts edited tests read 0.08 and 0.45 in its two runs, against the
+    0.87 the round started from. Against the control it won (the gate promoted it: +0.45, p 0.001); against
+    where the mainline would otherwise roll back to, it loses. The code domain's regrade (0.80 and 0.79,
+    control 0.53, start 0.68) still passes."""
+    own = noise_of([Pair(8, 3, 120)], gate.BASE_DOF)
+    start = outcomes(set(range(104)))  # 0.87
+    dead = outcomes(set())  # the exploiting control and its replicate: 0.00
+    planted = (outcomes(set(range(10))), outcomes(set(range(54))))  # 0.08, 0.45: nested in start's
+    stat, reasons = gate.confirmed(planted, (dead, dead), None, 1, own, 0.95)
+    assert reasons == [] and stat["delta"] > 0.4  # what comparing with the exploit promoted
+    stat, reasons = gate.confirmed(planted, (dead, dead), start, 1, own, 0.95)
+    assert "no_supported_gain" in reasons and stat["delta"] < 0 and stat["start_accuracy"] == 104 / 120
+    code_start = outcomes(set(range(82)))  # 0.68
+    regrade = (outcomes(set(range(96))), outcomes(set(range(95))))  # 0.80, 0.79
+    ctl = outcomes(set(range(64)))  # 0.53
+    stat, reasons = gate.confirmed(regrade, (ctl, ctl), code_start, 1, own, 0.95)
+    assert reasons == [] and stat["against"].startswith("the round's starting policy")

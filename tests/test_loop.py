@@ -13,8 +13,9 @@ from typer.testing import CliRunner
 from conftest import small_config
 from evotrainer.envs.registry import make_domain
 from evotrainer.errors import ConfigError
-from evotrainer.evaluation import evaluator_hash
+from evotrainer.evaluation import evaluate, evaluator_hash
 from evotrainer.loop import run_loop
+from evotrainer.policies.hf import HFPolicy
 from evotrainer.stages.context import split_heldout
 from evotrainer.stages.results import read_stage
 from evotrainer.store.ledger import STAGES, Ledger
@@ -302,3 +303,37 @@ def test_a_run_that_stops_after_a_tainted_segment_ends_where_the_round_started(t
         assert segs[1].first_step == segs[0].first_step and segs[1].reward_first != segs[0].reward_first
     else:
         assert not any(tainted) and final.head.branch == branch_id(last, "segment")
+
+
+def test_beside_a_tainted_segment_the_control_first_reads_the_policy_the_round_started_from(tmp_path, math_setup):
+    """The segment is tainted (format paid as much as a right answer: reward_audit_gap from the first step), so
+    the arms fork from where the round started, and the control reads that policy on the gate tasks before its
+    first step: the alternative a remedy must beat when the control carries the exploit (gate.confirmed)."""
+    move = {
+        "kind": "set_knob",
+        "target": "optimizer.learning_rate",
+        "value": 1e-3,
+        "hypothesis": {"finding": "plateau", "signal": "heldout/accuracy", "direction": "up"},
+    }
+    cfg = loop_config(
+        tmp_path,
+        harness={"reward_weights": {"correct": 1.0, "format": 1.0}},
+        loop={"max_rounds": 1, "candidates": 1, "planted": [move]},
+    )
+    run_loop(cfg, quiet())
+    ledger = Ledger(tmp_path / "runs" / "t" / "ledger.sqlite")
+    assert any(f.validity for f in read_stage(ledger, 1, "diagnose").findings)
+    control = read_stage(ledger, 1, "trial").arm(branch_id(1, "control"))
+    assert control.first_step == 1  # forked from the base, not from the segment
+    domain = make_domain(cfg)
+    gate_ids = split_heldout([t.id for t in domain.tasks("heldout")], cfg.gate.final_fraction, cfg.run.seed)[0]
+    by_id = {t.id: t for t in domain.tasks("heldout")}
+    base = HFPolicy.load(str(tmp_path / "runs" / "t" / "checkpoints" / "base"))
+    assert control.checkpoint_outcomes["0"] == evaluate(base, domain, [by_id[i] for i in gate_ids], cfg.eval).outcomes
+    read = RolloutStore(tmp_path / "runs" / "t" / "store").sql(
+        "SELECT count(*) AS n FROM rollouts WHERE branch = ? AND step = 0 AND split = 'heldout'", [control.branch]
+    )
+    assert read[0]["n"] == len(gate_ids)  # the read is evidence like any other
+    [verdict] = ledger.verdicts()
+    if verdict["statistic"]["test"] == "two_stage" and read_stage(ledger, 1, "gate").control_rejected:
+        assert verdict["statistic"]["against"].startswith("the round's starting policy")

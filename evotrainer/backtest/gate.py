@@ -126,6 +126,30 @@ def two_stage(stage1: Pair, stage2: Pair, k: int, noise: Noise, level: float) ->
     return stat, reasons
 
 
+Outcomes = dict[str, bool]
+
+
+def confirmed(
+    cand: tuple[Outcomes, Outcomes],
+    control: tuple[Outcomes, Outcomes],
+    start: Outcomes | None,
+    k: int,
+    noise: Noise,
+    level: float,
+) -> tuple[dict[str, Any], list[str]]:
+    """The finalist's two-stage test, its race run and its confirmation run against the alternative to
+    promoting it: the control and the control's replicate; or, when the control carries an exploit,
+    `start`, the policy the round started from (where the mainline rolls back to without a promotion):
+    beating an exploit is no evidence of being any good, and a remedy that trains the policy below where
+    it started is no remedy."""
+    base = (start, start) if start is not None else control
+    stat, reasons = two_stage(Pair.of(cand[0], base[0]), Pair.of(cand[1], base[1]), k, noise, level)
+    if start is not None:
+        stat["against"] = "the round's starting policy: the control carries an exploit"
+        stat["start_accuracy"] = sum(start.values()) / max(1, len(start))
+    return stat, reasons
+
+
 def single_stage(pairs: list[Pair], noise: Noise, level: float) -> list[tuple[dict[str, Any], list[str]]]:
     """Without a confirmation (gate.statistic sign): each candidate's p under the noise model, Holm-
     corrected across the round's candidates, so the round's chance of a false promotion stays at most

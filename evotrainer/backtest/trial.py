@@ -54,7 +54,8 @@ class ArmSpec:
     """The KL reference (beta > 0): the run's base checkpoint, so every arm's penalty is to the initial model."""
     checkpoints: tuple[int, ...] = ()
     """Where into the arm it is also evaluated on the gate tasks, the race's checkpoints: steps (1..steps-1),
-    or generated tokens (0..tokens) when `tokens` is set; a step that passes one is followed by the read."""
+    or generated tokens (0..tokens) when `tokens` is set; a step that passes one is followed by the read.
+    A mark 0 reads the policy the arm forks from, before its first step."""
     race: dict[str, dict[str, bool]] | None = None
     """The control's gate outcomes at those checkpoints (by mark, as strings): the arm races it and stops at
     the first checkpoint where gate.futile says it cannot win. None: it never stops (the control)."""
@@ -147,6 +148,12 @@ def _train_and_read(spec: ArmSpec, cfg: RunConfig, h: Harness, domain, log: Call
     )
     rewards = []
     marks = list(spec.checkpoints)  # those not yet passed
+    race_marks = [m for m in spec.checkpoints if m] or [0]  # the race's own (the first is where `futile` is strict)
+    if marks and marks[0] == 0:  # mark 0: the policy the arm forks from, read before its first step
+        marks.pop(0)
+        if tasks:
+            _read(r, policy, domain, tasks, cfg, h, store, ctx, spec.first_step - 1)
+            r.checkpoint_outcomes["0"] = r.outcomes
 
     def after(step: int, m: dict[str, float]) -> bool:
         """Each finished step: tally it; past a race checkpoint, evaluate, and stop if the arm cannot win;
@@ -166,7 +173,7 @@ def _train_and_read(spec: ArmSpec, cfg: RunConfig, h: Harness, domain, log: Call
             _read(r, policy, domain, tasks, cfg, h, store, ctx, step)
             for mark in passed:
                 r.checkpoint_outcomes[str(mark)] = r.outcomes
-                first = mark == spec.checkpoints[0]
+                first = mark == race_marks[0]
                 if spec.race is not None and (why := futile(r.outcomes, spec.race.get(str(mark)), first)):
                     r.stopped = f"stopped at step {step} ({at} of {end} {'tokens' if spec.tokens else 'steps'}): {why}"
                     return False

@@ -59,16 +59,26 @@ def gate_stage(
 
     control = tried.arm(branch_id(rnd, "control"))
     ctrl_ev = evidence(control)
-    noise, measured, mainline, model, own_line = _noise_models(rnd, head, tried, survivors, evidence)
+    # The alternative to a promotion: the control, unless it carries an exploit (then the mainline rolls back
+    # to where the round started, which the control read before its first step when the segment was tainted).
+    start = control.checkpoint_outcomes.get("0") if gate.invalid_reasons(ctrl_ev.findings) else None
+    against = (
+        control
+        if start is None
+        else control.model_copy(update={"outcomes": start, "last_step": control.first_step - 1})
+    )
+    noise, measured, mainline, model, own_line = _noise_models(
+        rnd, head, tried, survivors, evidence, start is not None
+    )
     raced = [a for a in tried.arms if a.role == "candidate"]
-    singles = gate.single_stage([Pair.of(c.outcomes, control.outcomes) for c in raced], mainline, cfg.gate.level)
+    singles = gate.single_stage([Pair.of(c.outcomes, against.outcomes) for c in raced], model, cfg.gate.level)
     trials, verdicts, lines = [], [], []
     for j, ((p, rep), cand) in enumerate(zip(survivors, raced, strict=False), 1):
         ev = evidence(cand)
         test_noise = model if j == tried.finalist else mainline
-        stat, reasons = _test(ctx, rnd, tried, j, cand, control, test_noise, singles[j - 1], evidence)
+        stat, reasons = _test(ctx, rnd, tried, j, cand, control, test_noise, singles[j - 1], evidence, start)
         reasons += gate.validity_reasons(ev, ctrl_ev, stat)
-        stat["evidence"] = disagreements(cand, control, ctx.gate_ids)
+        stat["evidence"] = disagreements(cand, against, ctx.gate_ids)
         stat["candidate_accuracy"] = cand.accuracy
         stat.setdefault("control_accuracy", control.accuracy)
         v = gate.Verdict(
@@ -98,12 +108,12 @@ def gate_stage(
 
 
 def _noise_models(
-    rnd: int, head: Mainline, tried: TrialResult, survivors: list[Survivor], evidence
+    rnd: int, head: Mainline, tried: TrialResult, survivors: list[Survivor], evidence, own_allowed: bool
 ) -> tuple[dict[str, Any], bool, Noise, Noise, dict[str, Any] | None]:
     """The noise bank with this round's valid A-A pairs (the control against its replicate or an A-A arm),
     whether there were any, the mainline harness's noise model, the finalist's (gate.finalist_noise), and
-    when the finalist's came from its own runs, the verdict's noise line for it (that pair joins the bank
-    under its harness)."""
+    when the finalist's came from its own runs (`own_allowed`: it is tested against the round's starting
+    policy), the verdict's noise line for it (that pair joins the bank under its harness)."""
     control = tried.arm(branch_id(rnd, "control"))
     pairs = []
     for role in ("control_replicate", "aa"):
@@ -112,7 +122,7 @@ def _noise_models(
             pairs.append((Pair.of(other.outcomes, control.outcomes), other.branch, control.branch))
     noise = with_pairs(head.noise, head.harness.version, rnd, pairs)
     mainline = Noise(noise["phi"], noise["pairs_used"], noise["dof"])
-    own = _finalist_pair(rnd, tried, evidence)
+    own = _finalist_pair(rnd, tried, evidence) if own_allowed else None
     version = survivors[tried.finalist - 1][0].intervention.apply(head.harness).version if own else ""
     model, measured_on = gate.finalist_noise(mainline, bank_noise(noise, version, [own[0]]) if own else None)
     if measured_on != "candidate":
@@ -164,8 +174,10 @@ def _test(
     model: Noise,
     single: tuple[dict, list[str]],
     evidence,
+    start: dict[str, bool] | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
-    """One candidate's statistic and the reasons against it, before validity."""
+    """One candidate's statistic and the reasons against it, before validity. `start`: when the control carries
+    an exploit, the round's starting policy's outcomes, which the finalist's two runs are tested against."""
     cfg, k = ctx.cfg, sum(a.role == "candidate" for a in tried.arms)
     # A racer that stopped is compared with the control where it stopped, at its last checkpoint.
     at = list(cand.checkpoint_outcomes)[-1] if cand.stopped else None
@@ -193,7 +205,9 @@ def _test(
             **asdict(stage1),
             "delta": stage1.delta,
         }, ["not_confirmed"]
-    stat, reasons = gate.two_stage(stage1, Pair.of(rep.outcomes, ctlr.outcomes), k, model, cfg.gate.level)
+    stat, reasons = gate.confirmed(
+        (cand.outcomes, rep.outcomes), (control.outcomes, ctlr.outcomes), start, k, model, cfg.gate.level
+    )
     stat["confirmed_accuracy"], stat["confirmed_control_accuracy"] = rep.accuracy, ctlr.accuracy
     # The confirmation's run is the candidate too: an exploit it picks up counts against it.
     reasons += [f"validity:{f.name}" for f in evidence(rep).findings if f.validity]

@@ -75,7 +75,9 @@ def trial(
     # generated, at most 4 x trial_steps steps, and the race reads the arms at equal fractions of them.
     target = full if cfg.loop.trial_unit == "tokens" else 0
     marks = checkpoints(target or steps, cfg.loop.race_checkpoints) if k else ()
-    spec = _specs(ctx, rnd, head, start, first, marks, target)
+    # A tainted segment's arms fork from where the round started: the control reads that policy first, the
+    # alternative a remedy must beat (without a promotion the mainline rolls back to it; decide.gate_stage).
+    spec = _specs(ctx, rnd, head, start, first, marks, target, start_read=bool(taint) and k > 0)
     specs = [spec("control", "control", head.harness)]
     [control] = _run(ctx, rnd, specs)
     harnesses = [p.intervention.apply(head.harness) for p, _ in survivors[:k]]
@@ -101,9 +103,19 @@ def trial(
     )
 
 
-def _specs(ctx: RunContext, rnd: int, head: Mainline, start: str, first: int, marks: tuple[int, ...], tokens: int):
+def _specs(
+    ctx: RunContext,
+    rnd: int,
+    head: Mainline,
+    start: str,
+    first: int,
+    marks: tuple[int, ...],
+    tokens: int,
+    start_read: bool = False,
+):
     """A maker of this trial's arm specs: role, branch role, harness, candidate index, the control's
-    checkpoint outcomes to race (candidates only). `tokens`: each arm's token target (0: steps)."""
+    checkpoint outcomes to race (candidates only). `tokens`: each arm's token target (0: steps);
+    `start_read`: the control also reads the policy it forks from (mark 0)."""
     cfg = ctx.cfg
     steps = cfg.loop.trial_steps * (4 if tokens else 1)  # with a token target, a cap on a cheap harness's steps
 
@@ -119,7 +131,8 @@ def _specs(ctx: RunContext, rnd: int, head: Mainline, start: str, first: int, ma
             True,
         )
         racing = role in ("control", "candidate")  # only the race's arms are read at checkpoints
-        return ArmSpec(**{**s.__dict__, "checkpoints": marks if racing else (), "race": race, "tokens": tokens})
+        at = ((0,) if start_read and role == "control" else ()) + marks if racing else ()
+        return ArmSpec(**{**s.__dict__, "checkpoints": at, "race": race, "tokens": tokens})
 
     return spec
 

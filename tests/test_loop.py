@@ -191,20 +191,26 @@ def test_a_trial_that_cannot_fit_is_abandoned_and_the_mainline_trains_to_the_bud
     cfg = loop_config(tmp_path, loop={"max_rounds": 0}, budget={"generated_tokens": 2500})
     summary = run_loop(cfg, quiet())
     ledger = Ledger(tmp_path / "runs" / "t" / "ledger.sqlite")
-    trial = read_stage(ledger, 1, "trial")
-    assert trial.abandoned.startswith("budget.generated_tokens") and trial.cap == "generated_tokens"
-    assert ledger.verdicts() == [] and read_stage(ledger, 1, "gate") is None
-    # The tokens left after round 1 train round 2's segment, which stops at the step that reaches the budget
-    # (as a static run does): the loop spends its budget, no more than a step over it.
-    first, second = read_stage(ledger, 1, "train"), read_stage(ledger, 2, "train")
-    assert second.first_step == first.last_step + 1 and second.steps_trained < cfg.loop.segment_steps
+    rounds = max(r["round"] for r in ledger.rows("SELECT round FROM stages WHERE stage = 'train'"))
+    assert rounds >= 2 and ledger.verdicts() == [] and read_stage(ledger, 1, "gate") is None
+    # Every round's trial was abandoned for the token budget; while tokens were left, the next round's segment
+    # trained on them, continuing the last one (no segment is tainted here: nothing is thrown away).
+    segs = [read_stage(ledger, r, "train") for r in range(1, rounds + 1)]
+    for rnd, (a, b) in enumerate(zip(segs, segs[1:]), 1):
+        trial = read_stage(ledger, rnd, "trial")
+        assert trial.abandoned.startswith("budget.generated_tokens") and trial.cap == "generated_tokens"
+        assert b.first_step == a.last_step + 1
+    # The last segment stopped at the step that reached the budget, as a static run does: the loop spends its
+    # budget and at most one step over it (a step samples at most prompts x generations x max tokens).
+    h = cfg.harness.sampling
     spent = ledger.spent().generated_tokens - ledger.spent_by_stage()["final"].generated_tokens
-    per_step = second.generated_tokens / second.steps_trained
-    assert cfg.budget.generated_tokens <= spent < cfg.budget.generated_tokens + 2 * per_step
     assert (
-        read_stage(ledger, 3, "train") is None and summary["stop_reason"] == read_stage(ledger, 2, "trial").abandoned
+        cfg.budget.generated_tokens
+        <= spent
+        < cfg.budget.generated_tokens + (h.prompts_per_step * h.num_generations * h.max_completion_length)
     )
-    assert read_stage(ledger, 0, "final").head.branch == branch_id(2, "segment")  # the segments' training is kept
+    assert summary["stop_reason"] == read_stage(ledger, rounds, "trial").abandoned
+    assert read_stage(ledger, 0, "final").head.branch == branch_id(rounds, "segment")  # the segments' training is kept
 
 
 def test_process_executor_runs_arms_in_parallel_processes_with_the_same_results(tmp_path, math_setup):
@@ -296,13 +302,16 @@ def test_a_run_that_stops_after_a_tainted_segment_ends_where_the_round_started(t
     tainted = [[f.name for f in read_stage(ledger, r, "diagnose").findings if f.validity] for r in range(1, last + 1)]
     final = read_stage(ledger, 0, "final")
     if format_weight == 1.0:
-        assert all("reward_audit_gap" in t for t in tainted)
+        assert last >= 2 and all("reward_audit_gap" in t for t in tainted)
         assert final.head.branch == "base" and summary["final_accuracy"] == summary["baseline_accuracy"]
         # The second segment started where the first did, on other seeds (it is not the first one again).
-        segs = [read_stage(ledger, r, "train") for r in (1, 2)]
-        assert segs[1].first_step == segs[0].first_step and segs[1].reward_first != segs[0].reward_first
-    else:
-        assert not any(tainted) and final.head.branch == branch_id(last, "segment")
+        segs = {b["id"]: b for b in ledger.branches()}
+        one, two = segs[branch_id(1, "segment")], segs[branch_id(2, "segment")]
+        assert (one["parent"], one["first_step"]) == (two["parent"], two["first_step"]) and one["seed"] != two["seed"]
+    elif not tainted[-1]:  # the small weight pays no wrong answer: the run ends on its last segment
+        assert final.head.branch == branch_id(last, "segment")
+    else:  # (not seen: a small-weight segment tainted by something else still is not ended on)
+        assert final.head.branch != branch_id(last, "segment")
 
 
 def test_beside_a_tainted_segment_the_control_first_reads_the_policy_the_round_started_from(tmp_path, math_setup):

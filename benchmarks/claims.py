@@ -383,7 +383,8 @@ def aggregate() -> dict:
             # The "gain over the reference": the loop's mean accuracy over the reference's.
             "loop_default_over_reference": float(np.mean(arms["loop_default"]) / np.mean(arms["static_reference"])),
             "promoted": {
-                a: [p for s in full for p in by[domain, a, s]["promoted"]] for a in ("loop_default", "loop_reference")
+                a: [{"seed": s, **p} for s in full for p in by[domain, a, s]["promoted"]]
+                for a in ("loop_default", "loop_reference")
             },
             **planted_counts([by[domain, "planted", s] for s in full if (domain, "planted", s) in by]),
         }

@@ -82,16 +82,17 @@ def run_loop(
     started = stage(ctx, 0, "start", StartResult, lambda: start.start(ctx, tell.say))
     head = started.head
     tell.opened(str(ctx.run_dir), cfg.env.domain, len(ctx.gate_ids), len(ctx.final_ids), started.final_accuracy)
-    rnd, stop_reason = 0, ""
+    rnd, ran, stop_reason = 0, 0, ""
     while not stop_reason:
         rnd += 1
         if stop_reason := start.stop_before(ctx, rnd):
             break
         head, stop_reason = run_round(ctx, tell, rnd, head)
+        ran = rnd  # a round that ends the run ran too (its segment trained)
         # -- 10. retention: the round is decided; checkpoints nothing will fork from again give back their disk --
         tell.pruned(retention.prune(ctx.ledger, ctx.run_dir, cfg.run.keep_checkpoints, rnd, head.branch))
     # -- the end: one read of the final tasks, the summary, the report (a stop asked for now waits for them) ------
-    done = run_stage(ctx, 0, "final", FinalResult, lambda: start.final(ctx, head, stop_reason, rnd - 1))
+    done = run_stage(ctx, 0, "final", FinalResult, lambda: start.final(ctx, head, stop_reason, ran))
     summary = start.summary(ctx, started, done)
     atomic_write_json(ctx.run_dir / "summary.json", summary, indent=2)
     report = write_report(ctx.run_dir)

@@ -210,6 +210,7 @@ def test_a_trial_that_cannot_fit_is_abandoned_and_the_mainline_trains_to_the_bud
         < cfg.budget.generated_tokens + (h.prompts_per_step * h.num_generations * h.max_completion_length)
     )
     assert summary["stop_reason"] == read_stage(ledger, rounds, "trial").abandoned
+    assert summary["rounds"] == rounds  # the round that ended the run ran (its segment trained): it counts
     assert read_stage(ledger, 0, "final").head.branch == branch_id(rounds, "segment")  # the segments' training is kept
 
 

@@ -489,14 +489,25 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("command", choices=("cell", "grid", "aggregate", "sweep"))
     ap.add_argument("args", nargs="*")
-    ap.add_argument("--domains", nargs="+", default=list(DOMAINS))
-    ap.add_argument("--arms", nargs="+", default=list(ARMS))
+    ap.add_argument("--domains", nargs="+", choices=list(DOMAINS), default=list(DOMAINS))
+    ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
     ap.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
     ap.add_argument("--lr", type=float, nargs="+", default=[3e-5, 1e-4, 3e-4, 1e-3])
     ap.add_argument("--set", dest="sets", action="append", default=[], help="override for every arm, KEY=VALUE")
     ap.add_argument("--work", default="/tmp/evotrainer-claims")
     ap.add_argument("--cells", default=str(CELLS), help="where cell results go (a smoke run: elsewhere)")
     a = ap.parse_args()
+    if a.command == "cell" and not (
+        len(a.args) == 3 and a.args[0] in DOMAINS and a.args[1] in ARMS and a.args[2].isdigit()
+    ):
+        ap.error(
+            f"cell takes DOMAIN ARM SEED, e.g. `cell code loop_default 1`: DOMAIN one of {list(DOMAINS)}, "
+            f"ARM one of {list(ARMS)}, SEED an integer (got {a.args})"
+        )
+    if a.command == "sweep" and not (len(a.args) == 1 and a.args[0] in DOMAINS):
+        ap.error(f"sweep takes one DOMAIN, one of {list(DOMAINS)}, e.g. `sweep code --lr 0 1e-4` (got {a.args})")
+    if any("=" not in s for s in a.sets):
+        ap.error(f"--set takes KEY=VALUE, e.g. --set loop.max_trial_share=0.5 (got {a.sets})")
     import yaml
 
     sets = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in a.sets)}

@@ -262,3 +262,55 @@ def test_the_learning_rate_follows_the_schedule_by_global_step():
     # A decay without steps to reach its floor is refused with the fix in the message.
     with pytest.raises(ValueError, match="decay_steps"):
         Harness(optimizer={"lr_decay": "cosine", "warmup_steps": 50, "decay_steps": 20})
+
+
+def _shifted(eps, which, by: float):
+    """Copies of the episodes whose sampler logprobs are `by` higher on the episodes in `which`: a planted
+    sampler/trainer mismatch (the sampler thought those tokens likelier than the update's forward does)."""
+    from dataclasses import replace
+
+    return [
+        replace(e, sampled_logprobs=[x + by for x in e.sampled_logprobs]) if i in which else e
+        for i, e in enumerate(eps)
+    ]
+
+
+def test_the_sampler_mismatch_is_measured_and_tis_weights_the_loss_by_it(math_setup, tmp_path):
+    """In float32 our sampler and the update's forward agree (the metrics say so); a planted mismatch is
+    measured as planted, and with loss.tis_cap each token's loss is weighted by p_train / p_sample: a step
+    whose planted episodes the sampler overrated by 1 nat equals a step whose advantages there are e^-1 times
+    smaller. Without the cap the mismatch is measured and the step ignores it."""
+    eps, rewards = _batch(math_setup, seed=5)
+    adv = _adv(rewards)
+    cfg, domain, base = math_setup
+    planted = {i for i in range(len(eps)) if i % 3 == 0 and adv[i] != 0}
+    assert planted
+    # The gradients are compared (Adam's first step moves every weight by about the learning rate whatever
+    # the gradient's size); no clipping, so they are the loss's own.
+    h = Harness(loss={"loss_type": "dapo"}, optimizer={"learning_rate": 1e-3, "max_grad_norm": 1e6})
+    h_tis = Harness(
+        loss={"loss_type": "dapo", "tis_cap": 2.0}, optimizer={"learning_rate": 1e-3, "max_grad_norm": 1e6}
+    )
+
+    def step(name, harness, episodes, a):
+        policy = base.fork(tmp_path / name)
+        m = GRPOTrainer(policy, harness).update(episodes, a, [True] * len(episodes))
+        return torch.cat([p.grad.flatten() for p in policy.model.parameters() if p.grad is not None]), m
+
+    _, clean = step("clean", h, eps, adv)
+    assert clean["sampling/sampling_logp_difference/mean"] < 1e-3
+    assert abs(clean["sampling/importance_sampling_ratio/mean"] - 1) < 1e-3
+    shifted = _shifted(eps, planted, 1.0)
+    plain, m = step("plain", h, shifted, adv)
+    live = [i for i in range(len(eps)) if adv[i] != 0]
+    share = sum(eps[i].action_tokens for i in planted) / sum(eps[i].action_tokens for i in live)
+    assert m["sampling/sampling_logp_difference/mean"] == pytest.approx(share, abs=1e-3)
+    assert m["sampling/importance_sampling_ratio/min"] == pytest.approx(math.exp(-1), rel=1e-3)
+    unplanted, _ = step("unplanted", h, eps, adv)
+    assert torch.allclose(plain, unplanted, atol=1e-7), "without the cap a mismatch is only measured"
+    tis, _ = step("tis", h_tis, shifted, adv)
+    scaled = adv.clone()
+    scaled[sorted(planted)] *= math.exp(-1)
+    expected, _ = step("scaled", h, eps, scaled)
+    assert not torch.allclose(tis, plain, atol=1e-6)
+    assert torch.allclose(tis, expected, atol=1e-4 * float(expected.abs().max()))

@@ -249,6 +249,15 @@ _TRL: dict[str, Callable[[Harness], Out]] = {
     ),
     "loss.beta": lambda h: _ok({"beta": h.loss.beta} | ({"use_bias_correction_kl": False} if h.loss.beta else {})),
     "loss.mask_truncated_completions": _trl_mask_truncated,
+    # TRL corrects by default whenever vLLM generates; the harness says whether to.
+    "loss.tis_cap": lambda h: _ok(
+        {"vllm_importance_sampling_correction": h.loss.tis_cap is not None}
+        | (
+            {"vllm_importance_sampling_mode": "token_truncate", "vllm_importance_sampling_clip_max": h.loss.tis_cap}
+            if h.loss.tis_cap is not None
+            else {}
+        )
+    ),
     "filters.mask_terminations": _trl_mask_terminations,
     "shaping.overlong_buffer_len": _trl_overlong,
     "optimizer.warmup_steps": _trl_warmup,
@@ -327,7 +336,20 @@ def _verl_turns(h: Harness) -> Out:
     return _ok({key + "max_assistant_turns": turns} | ({key + "enable": True} if turns > 1 else {}))
 
 
+def _verl_tis(h: Harness) -> Out:
+    if h.loss.tis_cap is None:
+        return _ok()
+    return _ok(
+        {
+            "algorithm.rollout_correction.rollout_is": "token",
+            "algorithm.rollout_correction.rollout_is_threshold": h.loss.tis_cap,
+            "actor_rollout_ref.rollout.calculate_log_probs": True,
+        }
+    )
+
+
 _VERL: dict[str, Callable[[Harness], Out]] = {
+    "loss.tis_cap": _verl_tis,
     "sampling.prompts_per_step": lambda h: _ok(
         {"data.train_batch_size": h.sampling.prompts_per_step}
         | {_VERL_ACTOR + "ppo_mini_batch_size": h.sampling.prompts_per_step}
@@ -407,6 +429,18 @@ def _orl_min_lr(h: Harness) -> Out:
 
 
 _ORL: dict[str, Callable[[Harness], Out]] = {
+    "loss.tis_cap": lambda h: (
+        _ok(
+            {
+                "--algo.advantage.is_correction_enable": True,
+                "--algo.advantage.is_correction_type": "tis",
+                "--algo.advantage.is_correction_threshold": [0.0, h.loss.tis_cap],
+            },
+            "OpenRLHF's tis clamps from below too: LOW 0 leaves the weights uncut there",
+        )
+        if h.loss.tis_cap is not None
+        else _ok()
+    ),
     "sampling.prompts_per_step": lambda h: _ok(
         {"--rollout.batch_size": h.sampling.prompts_per_step}
         | {"--train.batch_size": h.sampling.prompts_per_step * h.sampling.num_generations}

@@ -58,6 +58,11 @@ class Loss(_Section):
     entropy_coef: float = Field(0.0, ge=0.0, le=1.0)
     """Weight of an entropy bonus: the loss loses entropy_coef * the mean per-token entropy of the
     trained tokens (TRL's entropy_coef: the same meaning for every loss_type)."""
+    tis_cap: float | None = Field(None, ge=1.0, le=100.0)
+    """Truncated importance sampling (TIS) against the sampler/trainer mismatch: each action token's loss is
+    weighted by min(p_train / p_sample, tis_cap), p_train its probability under the update's forward and p_sample
+    under the sampler's. The two differ when they compute differently (bfloat16 weights, another engine); the
+    step metric sampling/sampling_logp_difference/mean says by how much. None: no correction."""
 
 
 class Optimizer(_Section):
@@ -185,7 +190,7 @@ class Harness(_Section):
 
 # Knobs added after the first release, by section: out of the canonical spec while at their defaults.
 _ADDED_KNOBS: dict[str, tuple[str, ...]] = {
-    "loss": ("entropy_coef",),
+    "loss": ("entropy_coef", "tis_cap"),
     "optimizer": ("warmup_steps", "lr_decay", "decay_steps", "min_lr_ratio"),
     "filters": ("dynamic_sampling", "max_sampling_rounds"),
     "multi_turn": ("max_observation_tokens",),

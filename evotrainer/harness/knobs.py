@@ -152,6 +152,23 @@ MAPPINGS: dict[str, tuple[Name, Name, Name]] = {
         Name("-", "truncated responses always train", builtin=(False,)),
         Name("-", "--reward.stop_properly_penalty_coef rescales their reward, it does not mask", builtin=(False,)),
     ),
+    "loss.tis_cap": (
+        Name(
+            "vllm_importance_sampling_clip_max",
+            "with vllm_importance_sampling_correction and mode token_truncate; TRL applies it to vLLM generation only",
+            also=("vllm_importance_sampling_correction", "vllm_importance_sampling_mode"),
+        ),
+        Name(
+            "algorithm.rollout_correction.rollout_is_threshold",
+            "with rollout_is token (TIS) and the rollout's log-probabilities",
+            also=("algorithm.rollout_correction.rollout_is", "actor_rollout_ref.rollout.calculate_log_probs"),
+        ),
+        Name(
+            "--algo.advantage.is_correction_threshold",
+            "LOW HIGH, with --algo.advantage.is_correction_enable and type tis",
+            also=("--algo.advantage.is_correction_enable", "--algo.advantage.is_correction_type"),
+        ),
+    ),
     "loss.entropy_coef": (
         Name("entropy_coef"),
         Name("actor_rollout_ref.actor.entropy_coeff", "aggregated by loss_agg_mode (a token mean only for dapo)"),

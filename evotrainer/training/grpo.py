@@ -117,6 +117,14 @@ class GRPOTrainer:
         adv = adv.to(dev)
         olds, refs = self._fixed_logprobs(tensors)
         stats = {"clip_low": 0.0, "clip_high": 0.0, "kl": 0.0, "tokens": 0.0, "entropy": 0.0}
+        stats |= {
+            "lp_diff": 0.0,
+            "lp_diff_max": 0.0,
+            "is_sum": 0.0,
+            "is_min": math.inf,
+            "is_max": 0.0,
+            "is_tokens": 0.0,
+        }
         grad_norms, skipped = [], 0
         for it in range(L.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
@@ -137,6 +145,7 @@ class GRPOTrainer:
             "tokens_trained": per_pass,
             "learning_rate": self.optimizer.param_groups[0]["lr"],
             "train_seconds": time.perf_counter() - t0,
+            **_mismatch_metrics(stats),
         }
 
     def _fixed_logprobs(self, tensors: list) -> tuple[list, list]:
@@ -165,6 +174,10 @@ class GRPOTrainer:
         ratio = torch.exp((logp - old_lp).masked_fill(~amask, 0.0))
         per_tok = -torch.min(ratio * a, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * a)
         m = amask.float()
+        if first:  # the sampler's logprobs against the update's at the sampling weights (old_lp)
+            is_w = _mismatch(old_lp, packed.sampled, amask, stats)
+            if L.tis_cap is not None:
+                per_tok = per_tok * is_w.clamp(max=L.tis_cap)
         if ref is not None:
             log_r = (ref - logp).masked_fill(~amask, 0.0)
             kl = torch.exp(log_r) - log_r - 1
@@ -202,6 +215,35 @@ class GRPOTrainer:
         if any_batch:
             self.optimizer.step()
         return norm, True
+
+
+def _mismatch(trained: torch.Tensor, sampled: torch.Tensor, amask: torch.Tensor, stats: dict) -> torch.Tensor:
+    """Importance weights p_train / p_sample of the action tokens (1 elsewhere), their spread and the absolute
+    logprob difference added to `stats` (TRL's sampling/* metrics)."""
+    diff = (trained - sampled).masked_fill(~amask, 0.0)
+    w = torch.exp(diff)
+    if int(amask.sum()):
+        stats["lp_diff"] += float(diff.abs().sum())
+        stats["lp_diff_max"] = max(stats["lp_diff_max"], float(diff.abs().max()))
+        stats["is_sum"] += float(w[amask].sum())
+        stats["is_min"] = min(stats["is_min"], float(w[amask].min()))
+        stats["is_max"] = max(stats["is_max"], float(w[amask].max()))
+        stats["is_tokens"] += float(amask.sum())
+    return w
+
+
+def _mismatch_metrics(stats: dict) -> dict[str, float]:
+    """TRL's names for the sampler/trainer mismatch of a step (nothing when no action token was trained)."""
+    n = stats["is_tokens"]
+    if not n:
+        return {}
+    return {
+        "sampling/sampling_logp_difference/mean": stats["lp_diff"] / n,
+        "sampling/sampling_logp_difference/max": stats["lp_diff_max"],
+        "sampling/importance_sampling_ratio/min": stats["is_min"],
+        "sampling/importance_sampling_ratio/mean": stats["is_sum"] / n,
+        "sampling/importance_sampling_ratio/max": stats["is_max"],
+    }
 
 
 def lr_factor(o: Optimizer, step: int) -> float:

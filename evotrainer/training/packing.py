@@ -36,18 +36,32 @@ def _right_pad(eps: list[Episode], start: list[int], pad_id: int) -> tuple[torch
     return ids, mask, act
 
 
+def _sampled(eps: list[Episode], amask: torch.Tensor) -> torch.Tensor:
+    """The sampler's logprob of each action token, where `amask` marks it (0 elsewhere): scored tokens are
+    exactly the action tokens, in order, so each row's marked positions take its sampled logprobs in turn."""
+    out = torch.zeros(amask.shape, dtype=torch.float32)
+    for r, ep in enumerate(eps):
+        k = int(amask[r].sum())
+        if k and len(ep.sampled_logprobs) >= k:  # an action token at position 0 has no logprob to score: skipped
+            out[r][amask[r]] = torch.tensor(ep.sampled_logprobs[len(ep.sampled_logprobs) - k :], dtype=torch.float32)
+    return out
+
+
 @dataclass
 class FullPack:
-    """Whole rows, right-padded: `ids`/`mask` [B, T]; `amask` [B, T-1] marks action tokens among ids[:, 1:]."""
+    """Whole rows, right-padded: `ids`/`mask` [B, T]; `amask` [B, T-1] marks action tokens among ids[:, 1:];
+    `sampled` [B, T-1] holds the sampler's logprob of each of them (for the sampler/trainer mismatch)."""
 
     ids: torch.Tensor
     mask: torch.Tensor
     amask: torch.Tensor
+    sampled: torch.Tensor
 
     @classmethod
     def of(cls, episodes: list[Episode], idx: list[int], pad_id: int) -> FullPack:
-        ids, mask, act = _right_pad([episodes[i] for i in idx], [0] * len(idx), pad_id)
-        return cls(ids, mask, act[:, 1:])
+        eps = [episodes[i] for i in idx]
+        ids, mask, act = _right_pad(eps, [0] * len(idx), pad_id)
+        return cls(ids, mask, act[:, 1:], _sampled(eps, act[:, 1:]))
 
     def to(self, device: torch.device) -> FullPack:
         return type(self)(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
@@ -73,8 +87,9 @@ class PromptPack(FullPack):
         unique: dict[tuple[int, ...], int] = {}
         rows = [unique.setdefault(tuple(episodes[i].token_ids[:c]), len(unique)) for i, c in zip(idx, cut)]
         prompt_ids, prompt_mask = left_pad([list(p) for p in unique], pad_id)
-        ids, mask, act = _right_pad([episodes[i] for i in idx], cut, pad_id)
-        return cls(ids, mask, act, prompt_ids, prompt_mask, torch.tensor(rows))
+        eps = [episodes[i] for i in idx]
+        ids, mask, act = _right_pad(eps, cut, pad_id)
+        return cls(ids, mask, act, _sampled(eps, act), prompt_ids, prompt_mask, torch.tensor(rows))
 
     def logits(self, model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
         cache = DynamicCache()

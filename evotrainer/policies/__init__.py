@@ -1,4 +1,5 @@
-"""Policies: the contract in policy.py, Hugging Face models in hf.py, the embedded tiny default in tiny.py."""
+"""Policies: the contract in policy.py, Hugging Face models in hf.py, models a package ships in pretrained.py, the
+embedded tiny default in tiny.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from evotrainer.envs.env import Domain
 from evotrainer.envs.registry import warm_start_key
 from evotrainer.errors import ConfigError
 from evotrainer.policies.hf import POLICY_FILE, HFPolicy, Placement
-from evotrainer.policies.tiny import tiny_base
+from evotrainer.policies.pretrained import converted_dir, packaged_file
+from evotrainer.policies.tiny import cache_root, tiny_base
 
 
 def check_policy_path(cfg: RunConfig) -> None:
@@ -17,8 +19,13 @@ def check_policy_path(cfg: RunConfig) -> None:
     p = cfg.policy
     if p.kind != "hf":
         return
+    if p.pretrained is not None:
+        packaged_file(p.pretrained)  # installed, or the command that installs it
+        return
     if p.path is None:
-        raise ConfigError("policy.path: required when policy.kind is 'hf' (a local model directory)")
+        raise ConfigError(
+            "policy.path: required when policy.kind is 'hf' (a local model directory), or set policy.pretrained"
+        )
     path = Path(p.path)
     if not path.is_dir():
         raise ConfigError(
@@ -48,12 +55,14 @@ def load_policy(cfg: RunConfig, domain: Domain, progress=None, log=print) -> HFP
     p = cfg.policy
     if p.kind == "hf":
         check_policy_path(cfg)
+        path = converted_dir(p.pretrained, cache_root(p), log=log) if p.pretrained else p.path
         try:
-            return HFPolicy.load(p.path, lora_rank=p.lora_rank, placement=placement(p))
+            return HFPolicy.load(path, lora_rank=p.lora_rank, placement=placement(p), chat=p.chat_template)
         except FileNotFoundError as e:
             raise ConfigError(str(e)) from None
     return HFPolicy.load(
         tiny_base(p, domain, warm_start_key(cfg, domain), cfg.run.seed, progress=progress, log=log),
         lora_rank=p.lora_rank,
         placement=placement(p),
+        chat="off" if p.chat_template == "auto" else p.chat_template,
     )

@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from evotrainer.errors import ConfigError
+from evotrainer.policies.chat import chat_prompt, chat_turn_around, use_chat
 from evotrainer.policies.decoders import HFDecoder, KVDecoder, SharedPrefixDecoder, own_decoder_fits
 from evotrainer.policies.policy import Sample
 from evotrainer.store.checkpoints import damaged
@@ -98,12 +99,19 @@ class Placement:
 
 class HFPolicy:
     def __init__(
-        self, model: torch.nn.Module, tokenizer, *, base_path: str | None = None, placement: Placement = Placement()
+        self,
+        model: torch.nn.Module,
+        tokenizer,
+        *,
+        base_path: str | None = None,
+        placement: Placement = Placement(),
+        chat: bool = False,
     ):
         self.model = model
         self.tokenizer = tokenizer
         self.base_path = base_path  # set when `model` is a LoRA adapter over a base directory
         self.placement = placement
+        self.chat = chat  # prompts and observations go through the tokenizer's chat template (chat.py)
         cfg = getattr(model, "config", None)
         self.max_positions = int(getattr(cfg, "max_position_embeddings", 2048) or 2048)
         self.eos_id = tokenizer.eos_token_id
@@ -117,9 +125,13 @@ class HFPolicy:
 
     # -- loading ---------------------------------------------------------------------------------
     @classmethod
-    def load(cls, path: str | Path, lora_rank: int = 0, placement: Placement = Placement()) -> HFPolicy:
+    def load(
+        cls, path: str | Path, lora_rank: int = 0, placement: Placement = Placement(), chat: str | None = None
+    ) -> HFPolicy:
         """Load a checkpoint written by save(), or any local Hugging Face causal LM directory
-        (with a fresh LoRA adapter of `lora_rank` when > 0), onto the placement's device and dtype."""
+        (with a fresh LoRA adapter of `lora_rank` when > 0), onto the placement's device and dtype. `chat`
+        (policy.chat_template: auto, on, off) decides whether prompts go through the chat template; None keeps
+        what the checkpoint recorded (off for a directory that is not a checkpoint of ours)."""
         path = Path(path)
         restore_aside(path)
         if not (path / "config.json").exists() and not (path / POLICY_FILE).exists():
@@ -128,13 +140,14 @@ class HFPolicy:
             raise DamagedFile(f"checkpoint file {bad[0][0]}: {bad[0][1]}; restore it, or redo the run that wrote it")
         meta = json.loads((path / POLICY_FILE).read_text()) if (path / POLICY_FILE).exists() else {}
         tok = AutoTokenizer.from_pretrained(path, padding_side="left")
+        on = use_chat(tok, chat, bool(meta.get("chat", False)))
         dtype = getattr(torch, placement.dtype)
         if meta.get("lora_base"):
             from peft import PeftModel
 
             base = AutoModelForCausalLM.from_pretrained(meta["lora_base"], dtype=dtype)
             model = PeftModel.from_pretrained(base, path, is_trainable=True)
-            return cls(_placed(model, placement), tok, base_path=meta["lora_base"], placement=placement)
+            return cls(_placed(model, placement), tok, base_path=meta["lora_base"], placement=placement, chat=on)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         if lora_rank:
             from peft import LoraConfig, get_peft_model
@@ -143,8 +156,8 @@ class HFPolicy:
                 model,
                 LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, target_modules="all-linear", task_type="CAUSAL_LM"),
             )
-            return cls(_placed(model, placement), tok, base_path=str(path.resolve()), placement=placement)
-        return cls(_placed(model, placement), tok, placement=placement)
+            return cls(_placed(model, placement), tok, base_path=str(path.resolve()), placement=placement, chat=on)
+        return cls(_placed(model, placement), tok, placement=placement, chat=on)
 
     def save(self, path: str | Path, extra_files: dict[str, bytes] | None = None) -> None:
         """Write model (or LoRA adapter), tokenizer, metadata and `extra_files` (name: bytes) to a temporary
@@ -158,7 +171,7 @@ class HFPolicy:
         shutil.rmtree(tmp, ignore_errors=True)
         self.model.save_pretrained(tmp)
         self.tokenizer.save_pretrained(tmp)
-        (tmp / POLICY_FILE).write_text(json.dumps({"lora_base": self.base_path}))
+        (tmp / POLICY_FILE).write_text(json.dumps({"lora_base": self.base_path, "chat": self.chat}))
         for name, data in (extra_files or {}).items():
             (tmp / name).write_bytes(data)
         fsync_tree(tmp)
@@ -183,6 +196,20 @@ class HFPolicy:
     # -- text ------------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """An episode's first context: the environment's prompt, as a user turn with the assistant's turn opened
+        when the policy is prompted through its chat template."""
+        return self.encode(chat_prompt(self.tokenizer, text) if self.chat else text)
+
+    def wrap_observation(self, obs_ids: list[int], after_eos: bool) -> list[int]:
+        """What follows an action in a multi-turn context: the observation's tokens as they are, or, through the
+        chat template, inside the end of the assistant's turn (less the EOS the policy sampled, `after_eos`), a
+        user turn, and the assistant's next turn opened."""
+        if not self.chat:
+            return obs_ids
+        before, after = chat_turn_around(self.tokenizer, after_eos)
+        return self.encode(before) + obs_ids + self.encode(after)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

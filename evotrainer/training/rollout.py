@@ -52,7 +52,7 @@ def run_episodes(
     episodes = []
     for task, env in zip(tasks, envs):
         t0 = time.perf_counter()
-        ids = policy.encode(env.reset(task))
+        ids = policy.encode_prompt(env.reset(task))
         episodes.append(Episode(task, ids, [False] * len(ids), [], env_seconds=time.perf_counter() - t0))
     active = list(range(len(tasks)))
     for _turn in range(max_turns):
@@ -85,6 +85,8 @@ def run_episodes(
             t0 = time.perf_counter()
             obs, done, info = envs[i].step(s.text)
             ep.env_seconds += time.perf_counter() - t0
+            if s.finish_reason == "length":  # an audit may refuse an answer read from an action the cap cut
+                info = {**info, "truncated": True}
             ep.info = info
             err = bool(info.get("tool_error"))
             mean_lp = sum(s.logprobs) / len(s.logprobs) if s.logprobs else 0.0
@@ -98,7 +100,10 @@ def run_episodes(
             elif done:
                 ep.termination = info.get("termination", "stop")
             else:
-                obs_ids = _cut(policy, policy.encode(obs), max_observation_tokens)
+                sampled_eos = bool(s.token_ids) and s.token_ids[-1] == policy.eos_id
+                obs_ids = policy.wrap_observation(
+                    _cut(policy, policy.encode(obs), max_observation_tokens), sampled_eos
+                )
                 ep.token_ids += obs_ids
                 ep.is_action += [False] * len(obs_ids)
                 still.append(i)

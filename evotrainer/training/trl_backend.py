@@ -65,6 +65,11 @@ def check_trl(cfg: RunConfig, domain: Domain) -> None:
     if cfg.train.backend != "trl":
         return
     check_harness(cfg.harness, domain)
+    if cfg.harness.loss.tis_cap is not None and not cfg.train.trl_args.get("use_vllm"):
+        raise ConfigError(
+            "harness.loss.tis_cap: TRL corrects the sampler's mismatch only when vLLM generates "
+            "(train.trl_args.use_vllm); without it there is nothing to correct: set harness.loss.tis_cap to null"
+        )
     clash = sorted(set(cfg.train.trl_args) & (set(grpo_kwargs(cfg.harness)) | _OWN | _SCHEDULE))
     if clash:
         raise ConfigError(
@@ -170,7 +175,13 @@ class TRLTrainer:
 
         h, mu = self.harness, self.harness.loss.num_iterations
         plan = [step_tasks(pool, h.sampling.prompts_per_step, ctx.seed, first_step + k) for k in range(steps)]
-        rows = [{"prompt": t.prompt, "task_id": t.id} for tasks in plan for t in tasks]
+        # TRL renders a conversational prompt through the tokenizer's chat template itself, as encode_prompt does.
+        chat = self.policy.chat
+        rows = [
+            {"prompt": [{"role": "user", "content": t.prompt}] if chat else t.prompt, "task_id": t.id}
+            for tasks in plan
+            for t in tasks
+        ]
         rec = _Recorder(self, {t.id: t for tasks in plan for t in tasks}, ctx, first_step, store, audit_fraction)
         rec.on_step = on_step
         # The scheduler steps once per optimizer step, num_iterations of them per RL step; our rate holds per step.
@@ -255,7 +266,9 @@ class _Recorder(TrainerCallback):
 
     def _term(self, name: str) -> Callable[..., list[float]]:
         def reward(prompts, completions, completion_ids, task_id, trainer_state, **_) -> list[float]:
-            batch = self._score(trainer_state.global_step, completions, completion_ids, task_id)
+            # A conversational prompt's completion comes back as [{"role": "assistant", "content": text}].
+            texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+            batch = self._score(trainer_state.global_step, texts, completion_ids, task_id)
             return [t[name] for t in batch.terms]
 
         reward.__name__ = name  # TRL logs rewards/<__name__>/mean: our term's name
@@ -277,7 +290,7 @@ class _Recorder(TrainerCallback):
         """TRL's completions as our single-turn episodes: the env's answer, the termination, the policy's
         mean logprob of each completion (the weights have not moved since it was sampled)."""
         policy, domain, temp = self.b.policy, self.b.domain, self.b.harness.sampling.temperature
-        prompts = [policy.encode(t.prompt) for t in tasks]
+        prompts = [policy.encode_prompt(t.prompt) for t in tasks]
         scored = policy.logprobs([p + c for p, c in zip(prompts, ids)], temp)
         out = []
         for task, text, c, p, lp in zip(tasks, texts, ids, prompts, scored):

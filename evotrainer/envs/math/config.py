@@ -28,7 +28,7 @@ class MathConfig(DomainConfig):
     """reasoning-gym arithmetic and friends, single turn: the first action is the answer."""
 
     factory: ClassVar[str] = "evotrainer.envs.math.domain:MathDomain"
-    demo_neutral: ClassVar[frozenset[str]] = frozenset({"scorer"})
+    demo_neutral: ClassVar[frozenset[str]] = frozenset({"scorer", "answer_format"})
     drawn: ClassVar[bool] = True
 
     domain: Literal["math"] = "math"
@@ -39,3 +39,9 @@ class MathConfig(DomainConfig):
     """The `correct` reward and the audit use the dataset's own scorer or math-verify (free-form answers)."""
     train_size: int = Field(20000, ge=1)
     """Size of the train task pool."""
+    answer_format: Literal["tag", "free"] = "tag"
+    """How an answer is read. `tag`: from `<answer>...</answer>`, which the tiny default learns in its warm start;
+    the `format` term pays one tag that ends the action, and the audit wants the whole action to be one tag. `free`:
+    as a pretrained instruct model writes it, in free text ("The answer is 191."): a tag when there is one, else
+    what math-verify extracts from the text; `format` pays an action that ended by itself with an answer to read,
+    and the audit wants a correct answer from an action the token cap did not cut."""

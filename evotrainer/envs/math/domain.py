@@ -10,6 +10,7 @@ from typing import Any
 import reasoning_gym
 
 from evotrainer.envs.math.config import MathConfig
+from evotrainer.envs.math.free import free_format, read_free
 from evotrainer.types import Task, Turn
 
 ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -25,13 +26,20 @@ def extract_answer(text: str) -> str | None:
 
 
 class MathEnv:
-    """Single turn: the first action is the answer and ends the episode."""
+    """Single turn: the first action is the answer and ends the episode. `free`: an untagged answer is read from
+    the text (env.answer_format free)."""
+
+    def __init__(self, free: bool = False):
+        self.free = free
 
     def reset(self, task: Task) -> str:
         return task.prompt
 
     def step(self, action: str) -> tuple[str, bool, dict[str, Any]]:
-        return "", True, {"answer": extract_answer(action)}
+        answer = extract_answer(action)
+        if answer is None and self.free:
+            answer = read_free(action)
+        return "", True, {"answer": answer}
 
 
 class MathDomain:
@@ -48,16 +56,27 @@ class MathDomain:
             train_size=env.train_size,
             heldout_size=heldout_size,
             scorer=env.scorer,
+            answer_format=env.answer_format,
         )
 
     def __init__(
-        self, datasets: list[dict[str, Any]], *, seed: int, train_size: int, heldout_size: int, scorer: str = "dataset"
+        self,
+        datasets: list[dict[str, Any]],
+        *,
+        seed: int,
+        train_size: int,
+        heldout_size: int,
+        scorer: str = "dataset",
+        answer_format: str = "tag",
     ):
         """datasets: [{name, weight, difficulty, config}] as in envs/math/config.py MathDataset."""
         self.evaluator_settings = {"datasets": datasets, "scorer": scorer}
+        if answer_format != "tag":  # only when set, so the evaluator hash of a tagged domain does not move
+            self.evaluator_settings["answer_format"] = answer_format
         if not datasets:
             raise ValueError("env.datasets must list at least one reasoning-gym dataset")
         self.scorer = scorer
+        self.free = answer_format == "free"
         total = sum(d["weight"] for d in datasets)
         self._datasets: dict[str, Any] = {}
         self._splits: dict[str, list[Task]] = {"train": [], "heldout": []}
@@ -104,13 +123,14 @@ class MathDomain:
                 asked[k][split] = (n, kept, size)
         for k, d in enumerate(datasets):
             check_question_space(k, d, len(seen[k]), len(seen[k] - heldout_prompts), asked[k])
-        self.reward_terms = {"correct": self.correct, "format": format_reward, "contains_answer": contains_answer}
+        fmt = free_format if self.free else format_reward
+        self.reward_terms = {"correct": self.correct, "format": fmt, "contains_answer": contains_answer}
 
     def tasks(self, split: str) -> list[Task]:
         return self._splits[split]
 
     def make_env(self) -> MathEnv:
-        return MathEnv()
+        return MathEnv(self.free)
 
     def demonstration(self, task: Task, rng: random.Random) -> list[tuple[str, bool]]:
         return [(task.prompt, False), (f"<answer>{task.data['answer']}</answer>", True)]
@@ -131,8 +151,16 @@ class MathDomain:
     def audit(self, task: Task, turns: list[Turn], info: dict[str, Any]) -> bool:
         if len(turns) != 1:
             return False
+        if self.free:  # the answer read from the text, from an action that ended by itself within the cap
+            return not info.get("truncated") and self.score(task, free_answer(turns[0].action)) == 1.0
         m = STRICT_RE.fullmatch(turns[0].action)
         return bool(m) and self.score(task, m.group(1)) == 1.0
+
+
+def free_answer(text: str) -> str | None:
+    """The evaluator's own reading of a free-text action: the tagged answer, else the one stated in the text."""
+    tagged = extract_answer(text)
+    return tagged if tagged is not None else read_free(text)
 
 
 def check_question_space(k: int, d: dict[str, Any], distinct: int, train: int, asked: dict) -> None:

@@ -340,6 +340,11 @@ class LLMSection(_Section):
     whole evidence rollouts (lowest priority first; the prompt says how many)."""
     max_output_tokens: int = Field(2048, ge=256, le=65536)
     """Tokens the model may write per reply."""
+    brief: Literal["auto", "full", "compact"] = "auto"
+    """What the model reads. `full`: the whole brief (every knob, the evidence rollouts in full, metrics, trials,
+    skills), answered with interventions and detectors it writes itself; `compact`: the findings in a few lines
+    and a numbered menu of the heuristic catalog's candidates to choose from, for small local models; `auto`:
+    compact when context_tokens is 8192 or less."""
     temperature: float = Field(0.2, ge=0.0, le=2.0)
     """Sampling temperature of the proposer's replies."""
     price_input_per_1k: float = Field(0.0, ge=0.0)

@@ -10,12 +10,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 MODEL = "scripted-model"
-Script = str | int | Callable[[dict], str]
+Script = str | int | tuple[int, str] | Callable[[dict], str]
 
 
 class FakeLLM:
     """GET /v1/models and POST /v1/chat/completions over HTTP. Each completion takes the next scripted
-    reply: a string (the content), an int (that HTTP status, an error) or a function of the request.
+    reply: a string (the content), an int (that HTTP status, an error), a (status, message) pair (an error
+    with that message) or a function of the request.
     A one-token request (the start-up probe) is answered without using the script."""
 
     def __init__(self, script: list[Script] = (), models: tuple[str, ...] = (MODEL,)):
@@ -56,6 +57,8 @@ class FakeLLM:
                 nxt = fake.script.pop(0) if fake.script else '{"interventions": []}'
                 if isinstance(nxt, int):
                     return self._send(nxt, {"error": {"message": f"scripted {nxt}"}})
+                if isinstance(nxt, tuple):
+                    return self._send(nxt[0], {"error": {"message": nxt[1]}})
                 content = nxt(body) if callable(nxt) else nxt
                 prompt = sum(len(m["content"]) for m in body["messages"]) // 4
                 self._send(200, _completion(content, prompt, len(content) // 4))

@@ -6,6 +6,7 @@ real SWE tampering trajectory reaches the model in full and holds no held-out da
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -156,7 +157,8 @@ def test_malformed_output_is_repaired_when_unambiguous(llm_run, tmp_path):
         out = _proposer(cfg, fake, tmp_path).propose(_brief(cfg, run_dir)).proposals
     finally:
         fake.close()
-    assert [p.intervention.target for p in out] == ["loss.mask_truncated_completions"] and out[0].source == "llm"
+    assert [p.intervention.target for p in out if p.source == "llm"] == ["loss.mask_truncated_completions"]
+    assert out[0].source == "llm" and all(p.source == "heuristic" for p in out[1:])  # the catalog fills the rest
     assert len(fake.requests) == 1  # repaired, not re-asked
     t = json.loads((tmp_path / "llm" / "007-1.json").read_text())
     assert {
@@ -176,7 +178,10 @@ def test_unusable_output_is_reasked_once_then_dropped_and_recorded(llm_run, tmp_
         out = p.propose(_brief(cfg, run_dir))
     finally:
         fake.close()
-    assert out.proposals == [] and out.detectors == [] and len(fake.requests) == 2
+    # Nothing of the model's is kept; the round's slots go to the heuristic catalog, which says why.
+    assert out.proposals and all(p.source == "heuristic" for p in out.proposals)
+    assert all("the LLM proposed nothing usable" in p.note for p in out.proposals)
+    assert out.detectors == [] and len(fake.requests) == 2
     assert "no JSON object found" in fake.requests[1]["messages"][-1]["content"]
     t2 = json.loads((tmp_path / "llm" / "007-2.json").read_text())
     assert t2["parsed"] is None and "not valid JSON" in t2["error"]
@@ -224,7 +229,7 @@ def test_transient_errors_are_retried_and_a_dead_endpoint_is_no_crash(llm_run, t
         cfg, _, _, run_dir = llm_run
         p = _proposer(cfg, fake, tmp_path, max_retries=0)
         fake.script = [500]
-        assert p.propose(_brief(cfg, run_dir)).proposals == []
+        assert all(x.source == "heuristic" for x in p.propose(_brief(cfg, run_dir)).proposals)
         assert "HTTP 500" in json.loads((tmp_path / "llm" / "007-1.json").read_text())["error"]
     finally:
         fake.close()
@@ -542,3 +547,51 @@ def test_the_brief_of_a_swe_run_with_tampering_holds_the_tampering_trajectory_in
     for t in r["turns"]:
         assert t["action"] in block and t["observation"] in block  # every turn, verbatim
     assert json.dumps(r["info"], sort_keys=True, default=str) in block
+
+
+# -- structured output and small models ------------------------------------------------------------------------------
+def test_structured_output_is_asked_for_and_a_refusal_steps_down_for_good(llm_run):
+    """A JSON schema first; a server that refuses it is asked for a JSON object, then for plain text, and the
+    refusals are no retries spent and are remembered."""
+    fake = FakeLLM(
+        [
+            (400, "response_format json_schema is not supported"),
+            (400, "unsupported response_format"),
+            '{"interventions": []}',
+            '{"interventions": []}',
+        ]
+    )
+    try:
+        client = LLMClient(fake.url, MODEL, None, backoff_seconds=0.01, max_retries=0)
+        reply = client.chat([{"role": "user", "content": "hi"}], {"type": "object"})
+        assert reply.text == '{"interventions": []}' and len(reply.attempts) == 2
+        formats = [r.get("response_format", {}).get("type") for r in fake.requests]
+        assert formats == ["json_schema", "json_object", None]
+        assert fake.requests[0]["response_format"]["json_schema"]["schema"] == {"type": "object"}
+        client.chat([{"role": "user", "content": "again"}], {"type": "object"})
+        assert "response_format" not in fake.requests[-1]
+    finally:
+        fake.close()
+
+
+def test_a_small_model_chooses_from_the_catalog_s_menu_and_a_bad_choice_falls_back(llm_run, tmp_path):
+    """The compact brief (llm.brief compact, or auto at a context of 8k or less) offers the heuristic catalog's
+    candidates by number; the model's choice is the proposal (source llm), screened like any. A choice that is
+    no option is recorded and the catalog fills the slot (source heuristic)."""
+    cfg, _, _, run_dir = llm_run
+    fake = FakeLLM(['{"choose": [{"option": 2, "rationale": "the groups look alike"}]}', '{"choose": [99]}'])
+    try:
+        p = _proposer(cfg, fake, tmp_path, context_tokens=8192, max_output_tokens=512)
+        out = p.propose(_brief(cfg, run_dir, limit=1)).proposals
+        t = json.loads((tmp_path / "llm" / "007-1.json").read_text())
+        assert t["brief"] == "compact" and len(t["options"]) >= 2
+        assert [(x.source, x.intervention.describe()) for x in out] == [("llm", t["options"][1])]
+        assert "the groups look alike" in out[0].note
+        assert fake.requests[0]["response_format"]["json_schema"]["schema"]["required"] == ["choose"]
+        assert "Options:" in fake.prompt(0) and len(fake.prompt(0)) < 8000
+        bad = p.propose(dataclasses.replace(_brief(cfg, run_dir, limit=1), round=8)).proposals
+        t = json.loads((tmp_path / "llm" / "008-1.json").read_text())
+        assert "not an option number" in t["invalid"][0]
+        assert [x.source for x in bad] == ["heuristic"] and "nothing usable" in bad[0].note
+    finally:
+        fake.close()

@@ -18,21 +18,25 @@ from evotrainer.config import LLMSection, RunConfig
 from evotrainer.diagnostics import agent
 from evotrainer.harness.interventions import Intervention
 from evotrainer.proposers.brief import check_isolation
+from evotrainer.proposers.heuristic import HeuristicProposer
 from evotrainer.proposers.llm_client import LLMClient, LLMError, Reply, estimate_tokens
-from evotrainer.proposers.llm_prompt import SYSTEM, Rendered, feedback, render
+from evotrainer.proposers.llm_menu import MENU_SYSTEM, chosen, menu_options, menu_schema, render_menu
+from evotrainer.proposers.llm_prompt import SYSTEM, Rendered, feedback, render, reply_schema
 from evotrainer.proposers.proposer import Brief, Proposal, ProposerOutput, Refusal, intervention_key, screen
 from evotrainer.store.files import atomic_write_json
 from evotrainer.store.ledger import Charge, Ledger
 
 FIELDS = ("kind", "target", "value", "hypothesis")
 FEEDBACK_TOKENS = 512  # what a re-ask's feedback message may take
+COMPACT_CONTEXT = 8192  # llm.brief auto: a model with this context or less gets the compact brief (llm_menu.py)
 
 
 class LLMProposer:
     name = "llm"
 
-    def __init__(self, client: LLMClient, llm: LLMSection, run_dir: Path, ledger: Ledger | None = None):
+    def __init__(self, client: LLMClient, llm: LLMSection, run_dir: Path, ledger: Ledger | None = None, seed: int = 0):
         self.client, self.llm, self.run_dir, self.ledger = client, llm, Path(run_dir), ledger
+        self.seed = seed  # of the heuristic catalog, which makes the compact brief's menu and fills empty slots
         self._charge = Charge()  # this round's spend so far (what `propose` returns)
         self._spent = Charge()  # everything spent through this proposer: the cost cap without a ledger
 
@@ -44,15 +48,82 @@ class LLMProposer:
         serve the model), so a bad endpoint stops the run at start-up and not in a round. Writes nothing."""
         client = LLMClient.from_config(cfg.llm)
         client.check()
-        return cls(client, cfg.llm, Path(run_dir) if run_dir else Path(cfg.run.out_dir) / cfg.run.name, ledger)
+        run_dir = Path(run_dir) if run_dir else Path(cfg.run.out_dir) / cfg.run.name
+        return cls(client, cfg.llm, run_dir, ledger, seed=cfg.run.seed)
 
     # -- propose ----------------------------------------------------------------------------------------------------
     def propose(self, brief: Brief) -> ProposerOutput:
-        """At most two exchanges: the brief, and one re-ask with the reasons when the reply could not be
-        used as it stood. Never raises for what the model writes or for a failed endpoint: a round
-        without usable output proposes nothing, and its transcript says why."""
+        """The full brief, or the compact one for a small model; then the slots the model left empty (nothing
+        usable, an endpoint down, the cost cap reached) filled from the heuristic catalog, marked as such. Never
+        raises for what the model writes or for a failed endpoint; the transcripts say what happened."""
         check_isolation(brief)  # the loop built it; check again at the door of the only component that talks outside
         self._charge = Charge()
+        compact = self.llm.brief == "compact" or (
+            self.llm.brief == "auto" and self.llm.context_tokens <= COMPACT_CONTEXT
+        )
+        accepted, detectors = self._menu_round(brief) if compact else self._full_round(brief)
+        accepted += self._fallback(brief, accepted)
+        # The LLM's tokens, cost and seconds: the loop charges them to `propose`. The detectors go to
+        # revision.admit as written.
+        return ProposerOutput(accepted, detectors, {"llm": self._charge} if self._charge != Charge() else {})
+
+    def _fallback(self, brief: Brief, accepted: list[Proposal]) -> list[Proposal]:
+        """The heuristic catalog's proposals for the slots the model did not fill, screened with the model's."""
+        if len(accepted) >= brief.limit:
+            return []
+        why = "the LLM proposed nothing usable" if not accepted else f"the LLM filled {len(accepted)} slot(s)"
+        extra = [
+            Proposal(p.intervention, "heuristic", p.skill_id, f"fallback ({why}): {p.note}".rstrip(": "))
+            for p in HeuristicProposer(self.seed).propose(brief).proposals
+        ]
+        _, fresh, _, _ = _screened(accepted, extra, brief)
+        return fresh[: brief.limit - len(accepted)]
+
+    def _menu_round(self, brief: Brief) -> tuple[list[Proposal], list[dict[str, Any]]]:
+        """One exchange of the compact brief: the model picks from the catalog's candidates by number."""
+        menu = render_menu(brief, menu_options(brief, self.seed))
+        messages = [{"role": "system", "content": MENU_SYSTEM}, {"role": "user", "content": menu.text}]
+        rendered = Rendered(menu.text, [], [], tokens=estimate_tokens(menu.text))
+        record = {**self._record_head(brief.round, 1, rendered), "brief": "compact", "messages": messages}
+        if not menu.options:
+            self._write(brief.round, 1, {**record, "skipped": "the catalog has no candidate to offer"})
+            return [], []
+        if (cap := self._over_cost()) is not None:
+            self._write(brief.round, 1, {**record, "skipped": cap})
+            return [], []
+        try:
+            reply, cached = self._exchange(brief.round, 1, messages, menu_schema(len(menu.options), brief.limit))
+        except LLMError as e:
+            self._write(brief.round, 1, {**record, "error": str(e)})
+            return [], []
+        obj, repairs, error = parse_reply(reply.text, reply.finish_reason, keys=("choose",))
+        picks, item_errors = chosen(obj, menu)
+        note = f"llm {self.client.model}, round {brief.round}, chosen from the catalog's menu"
+        new = [Proposal(iv, "llm", None, f"{note}: {why}" if why else note) for iv, why in picks]
+        accepted, fresh, _, refusals = _screened([], new, brief)
+        self._write(
+            brief.round,
+            1,
+            {
+                **record,
+                "options": [iv.describe() for iv in menu.options],
+                "response": reply.text,
+                "cached": cached,
+                "finish_reason": reply.finish_reason,
+                "parsed": obj,
+                "repairs": repairs,
+                "error": error,
+                "invalid": item_errors,
+                "refusals": refusals,
+                "accepted": [_dump(p) for p in fresh if p in accepted],
+                **_usage(reply),
+            },
+        )
+        return accepted, []
+
+    def _full_round(self, brief: Brief) -> tuple[list[Proposal], list[dict[str, Any]]]:
+        """At most two exchanges: the brief, and one re-ask with the reasons when the reply could not be
+        used as it stood; a round without usable output proposes nothing, and its transcript says why."""
         # Room for two replies and the feedback between them: a re-ask resends the brief with both.
         budget = self.llm.context_tokens - 2 * self.llm.max_output_tokens - FEEDBACK_TOKENS - estimate_tokens(SYSTEM)
         rendered = render(brief, budget)
@@ -65,7 +136,7 @@ class LLMProposer:
                 self._write(brief.round, n, {**record, "messages": messages, "skipped": cap})
                 break
             try:
-                reply, cached = self._exchange(brief.round, n, messages)
+                reply, cached = self._exchange(brief.round, n, messages, reply_schema(brief))
             except LLMError as e:
                 self._write(brief.round, n, {**record, "messages": messages, "error": str(e)})
                 break
@@ -98,11 +169,7 @@ class LLMProposer:
             if n == 2 or not problems or (len(accepted) >= brief.limit and not det_errors and not error):
                 break
             messages = _reask(messages, reply, error, item_errors, refusals, accepted, det_errors, brief.limit)
-        # The LLM's tokens, cost and seconds: the loop charges them to `propose`. The detectors go to
-        # revision.admit as written.
-        return ProposerOutput(
-            accepted, list(detectors.values()), {"llm": self._charge} if self._charge != Charge() else {}
-        )
+        return accepted, list(detectors.values())
 
     def _record_head(self, rnd: int, n: int, rendered: Rendered) -> dict[str, Any]:
         """What every transcript of an exchange starts with: round, model, endpoint and the evidence shown."""
@@ -141,7 +208,9 @@ class LLMProposer:
         return new, item_errors, det_errors
 
     # -- one exchange, its charge and its transcript ------------------------------------------------------------------
-    def _exchange(self, rnd: int, n: int, messages: list[dict[str, str]]) -> tuple[Reply, bool]:
+    def _exchange(
+        self, rnd: int, n: int, messages: list[dict[str, str]], schema: dict[str, Any] | None = None
+    ) -> tuple[Reply, bool]:
         """The reply, live or, when a resumed round asks exactly what its transcript already holds, that
         transcript's (the decisions then match the interrupted run's; its spend is charged again, since
         the interrupted stage's charges were never committed)."""
@@ -166,7 +235,7 @@ class LLMProposer:
                 self._add(reply)
                 return reply, True
         try:
-            reply = self.client.chat(messages)
+            reply = self.client.chat(messages, schema)
         except LLMError:
             self._add(Reply("", 0, 0, 0.0, 0.0))
             raise
@@ -271,10 +340,13 @@ def check_endpoint(cfg: RunConfig) -> None:
 
 
 # -- reading the model's output ---------------------------------------------------------------------------------------
-def parse_reply(text: str, finish_reason: str | None = None) -> tuple[dict[str, Any] | None, list[str], str | None]:
+def parse_reply(
+    text: str, finish_reason: str | None = None, keys: tuple[str, ...] = ("interventions", "detectors")
+) -> tuple[dict[str, Any] | None, list[str], str | None]:
     """(object, repairs applied, error). Repairs are the unambiguous ones: a code fence or prose around
     one JSON object, comments, trailing commas, single-quoted strings, Python's True / False / None,
-    a bare list of interventions or a single intervention object. Anything else is an error."""
+    a bare list (of interventions, or of the compact brief's choices) or a single intervention object. Anything
+    else is an error. `keys`: the lists the object may hold (one of them at least)."""
     repairs: list[str] = []
     s = (text or "").strip()
     if not s:
@@ -306,18 +378,18 @@ def parse_reply(text: str, finish_reason: str | None = None) -> tuple[dict[str, 
             )
             return None, repairs, f"not valid JSON: {e}{cut}"
     if isinstance(obj, list):
-        obj = {"interventions": obj}
-        repairs.append("a bare list read as the interventions")
+        obj = {keys[0]: obj}
+        repairs.append(f"a bare list read as the {keys[0]}")
     if isinstance(obj, dict) and "kind" in obj and "interventions" not in obj:
         obj = {"interventions": [obj]}
         repairs.append("a single intervention read as a list of one")
     if not isinstance(obj, dict):
         return None, repairs, f"the reply must be a JSON object, got {type(obj).__name__}"
-    for key in ("interventions", "detectors"):
+    for key in keys:
         if key in obj and not isinstance(obj[key], list):
             return None, repairs, f"`{key}` must be a list"
-    if "interventions" not in obj and "detectors" not in obj:
-        return None, repairs, "the object has neither `interventions` nor `detectors`"
+    if not any(key in obj for key in keys):
+        return None, repairs, f"the object has no {' or '.join(f'`{k}`' for k in keys)}"
     return obj, repairs, None
 
 

@@ -87,7 +87,10 @@ class LLMClient:
         # Retries are ours (max_retries=0 here) so that each failed attempt is on the transcript.
         # A local server needs no key, but the client insists on one: any placeholder will do.
         self._client = openai.OpenAI(base_url=base_url, api_key=api_key or "no-key", timeout=timeout, max_retries=0)
-        self._json_mode = True  # dropped for good after a server refuses response_format
+        # What the server is asked to constrain its output to: a JSON schema where the request carries one (vLLM,
+        # llama.cpp, Ollama, hosted APIs), else a JSON object; each dropped for good after a server refuses it.
+        # Some servers (transformers serve) ignore response_format without an error: the reply is checked anyway.
+        self._formats = ["json_schema", "json_object"]
 
     @classmethod
     def from_config(cls, llm: LLMSection) -> LLMClient:
@@ -156,29 +159,37 @@ class LLMClient:
         return {"served": served, "probe": "chat"}
 
     # -- one exchange ---------------------------------------------------------------------------------------------
-    def chat(self, messages: list[dict[str, str]]) -> Reply:
+    def chat(self, messages: list[dict[str, str]], schema: dict[str, Any] | None = None) -> Reply:
         """One completion with retries on transient errors (connection, timeout, 429, 5xx), backing off
-        1, 2, 4... seconds with jitter (or as the server's Retry-After says). Raises LLMError."""
+        1, 2, 4... seconds with jitter (or as the server's Retry-After says), its output constrained to `schema`
+        where the server can. Raises LLMError."""
         import openai
 
         attempts: list[str] = []
         t0 = time.perf_counter()
-        for attempt in range(self.max_retries + 1):
+        attempt = 0  # transient failures; a refused response_format is no attempt (the request is asked again)
+        while attempt <= self.max_retries:
             kwargs: dict[str, Any] = {
                 "model": self.model,
                 "messages": messages,
                 "temperature": self.temperature,
                 "max_tokens": self.max_output_tokens,
             }
-            if self._json_mode:
+            fmt = next((f for f in self._formats if f != "json_schema" or schema), None)
+            if fmt == "json_schema":
+                kwargs["response_format"] = {
+                    "type": "json_schema",
+                    "json_schema": {"name": "reply", "schema": schema, "strict": False},
+                }
+            elif fmt == "json_object":
                 kwargs["response_format"] = {"type": "json_object"}
             try:
                 resp = self._client.chat.completions.create(**kwargs)
-            except openai.BadRequestError as e:
-                if self._json_mode and "response_format" in str(e):
-                    # LM Studio and some llama.cpp builds refuse json_object: ask without it from now on.
-                    self._json_mode = False
-                    attempts.append(f"response_format refused ({_status(e)}); asking without it")
+            except (openai.BadRequestError, openai.UnprocessableEntityError) as e:
+                if fmt and ("response_format" in str(e) or "json_schema" in str(e)):
+                    # LM Studio and some llama.cpp builds refuse one form or both: ask with the next from now on.
+                    self._formats.remove(fmt)
+                    attempts.append(f"response_format {fmt} refused ({_status(e)}); asking without it")
                     continue
                 raise LLMError(f"the endpoint refused the request: {_status(e)}") from None
             except (
@@ -191,6 +202,7 @@ class LLMClient:
                 if attempt == self.max_retries:
                     raise LLMError(f"gave up after {attempt + 1} attempt(s): {'; '.join(attempts)}") from None
                 time.sleep(_retry_after(e) or self.backoff * 2**attempt * (1 + 0.25 * random.random()))
+                attempt += 1
                 continue
             except openai.APIStatusError as e:
                 raise LLMError(f"the endpoint answered {_status(e)}") from None

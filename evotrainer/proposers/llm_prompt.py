@@ -71,6 +71,42 @@ names the metric that should move (a step metric below, or heldout/accuracy) and
 )
 
 
+def reply_schema(brief: Brief) -> dict[str, Any]:
+    """The reply's JSON schema, for servers that constrain their output to one (response_format json_schema);
+    detectors stay free-form objects (their checks are agent.parse's)."""
+    return {
+        "type": "object",
+        "properties": {
+            "diagnosis": {"type": "string"},
+            "interventions": {
+                "type": "array",
+                "maxItems": brief.limit,
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "kind": {"enum": list(typing.get_args(Kind))},
+                        "target": {"type": "string"},
+                        "value": {},
+                        "hypothesis": {
+                            "type": "object",
+                            "properties": {
+                                "finding": {"type": "string"},
+                                "signal": {"type": "string"},
+                                "direction": {"enum": ["up", "down"]},
+                                "rationale": {"type": "string"},
+                            },
+                            "required": ["finding", "signal", "direction", "rationale"],
+                        },
+                    },
+                    "required": ["kind", "target", "value", "hypothesis"],
+                },
+            },
+            "detectors": {"type": "array", "items": {"type": "object"}},
+        },
+        "required": ["interventions"],
+    }
+
+
 @dataclass
 class Rendered:
     """The user message, which evidence rollouts it shows and which it left out (and why)."""

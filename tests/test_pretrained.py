@@ -233,3 +233,71 @@ def test_a_real_model_loop_stopped_at_a_stage_boundary_resumes_to_the_same_decis
 
     whole, stopped = decisions(run("whole", False)), decisions(run("stopped", True))
     assert whole["branches"] and whole["final"] is not None and whole == stopped
+
+
+# -- the LLM proposer against the served model -----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def served(smol, tmp_path_factory):
+    """The converted model served by `transformers serve` on 127.0.0.1 (OpenAI-compatible), as a user would."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    serve = Path(sys.executable).with_name("transformers")
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [str(serve), "serve", str(smol), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    url = f"http://127.0.0.1:{port}/v1"
+    t0 = time.monotonic()
+    while True:
+        try:
+            models = json.loads(urllib.request.urlopen(f"{url}/models", timeout=5).read())["data"]
+            break
+        except OSError:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() - t0 < 300, "transformers serve did not come up: " + log.read_text()[-3000:]
+            time.sleep(1)
+    yield url, models[0]["id"]
+    proc.terminate()
+    proc.wait(timeout=60)
+
+
+def test_the_llm_proposer_runs_a_round_against_the_served_real_model(served, tmp_path, math_setup):
+    """A loop round whose proposer is SmolLM2-135M-Instruct behind `transformers serve`: the compact brief is sent,
+    the reply is read (a choice from the catalog's menu, repaired or salvaged where it can be), and the round's
+    candidate, the model's or the catalog's fallback, is trialled and decided. Whatever the model says, the run
+    finishes."""
+    from conftest import small_config
+    from evotrainer.loop import run_loop
+
+    url, model = served
+    cfg = small_config(
+        tmp_path,
+        loop={"segment_steps": 2, "trial_steps": 2, "candidates": 1, "max_rounds": 1, "proposer": "llm"},
+        harness={"sampling": {"num_generations": 4, "prompts_per_step": 8, "max_completion_length": 8}},
+        llm={"base_url": url, "model": model, "context_tokens": 8192, "max_output_tokens": 256, "temperature": 0.2},
+    )
+    cfg = cfg.model_copy(update={"loop": cfg.loop.model_copy(update={"skills_dir": tmp_path / "skills"})})
+    from io import StringIO
+
+    from rich.console import Console
+
+    run_loop(cfg, Console(file=StringIO()))
+    run_dir = Path(cfg.run.out_dir) / cfg.run.name
+    t = json.loads((run_dir / "llm" / "001-1.json").read_text())
+    assert t["brief"] == "compact" and t["options"] and "error" in t
+    assert t["response"], "the served model answered"
+    ledger = Ledger(run_dir / "ledger.sqlite")
+    [trial] = ledger.trials()
+    assert trial["source"] in ("llm", "heuristic")
+    if trial["source"] == "llm":
+        assert trial["intervention"]["kind"] and not t["error"]
+    assert [v["trial"] for v in ledger.verdicts()] == [trial["id"]]

@@ -20,7 +20,7 @@ from evotrainer.harness.interventions import Intervention
 from evotrainer.proposers.brief import check_isolation
 from evotrainer.proposers.heuristic import HeuristicProposer
 from evotrainer.proposers.llm_client import LLMClient, LLMError, Reply, estimate_tokens
-from evotrainer.proposers.llm_menu import MENU_SYSTEM, chosen, menu_options, menu_schema, render_menu
+from evotrainer.proposers.llm_menu import MENU_SYSTEM, chosen, menu_options, menu_schema, render_menu, salvage
 from evotrainer.proposers.llm_prompt import SYSTEM, Rendered, feedback, render, reply_schema
 from evotrainer.proposers.proposer import Brief, Proposal, ProposerOutput, Refusal, intervention_key, screen
 from evotrainer.store.files import atomic_write_json
@@ -97,6 +97,9 @@ class LLMProposer:
             self._write(brief.round, 1, {**record, "error": str(e)})
             return [], []
         obj, repairs, error = parse_reply(reply.text, reply.finish_reason, keys=("choose",))
+        if obj is None and (obj := salvage(reply.text)) is not None:
+            repairs.append(f"option numbers read from a reply that is not valid JSON ({error})")
+            error = None
         picks, item_errors = chosen(obj, menu)
         note = f"llm {self.client.model}, round {brief.round}, chosen from the catalog's menu"
         new = [Proposal(iv, "llm", None, f"{note}: {why}" if why else note) for iv, why in picks]

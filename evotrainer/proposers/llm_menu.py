@@ -6,6 +6,7 @@ choice still goes through the same screen and trial as any proposal."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -80,6 +81,16 @@ def chosen(obj: dict[str, Any] | None, menu: Menu) -> tuple[list[tuple[Intervent
             continue
         picks.append((menu.options[n - 1], why[:400]))
     return picks, errors
+
+
+OPTION_RE = re.compile(r'"?option"?\s*[:=]\s*"?(\d+)')
+
+
+def salvage(text: str) -> dict[str, Any] | None:
+    """The option numbers a reply that is not valid JSON names after `"option":` (a small model's JSON often
+    breaks after its first choice), as a reply object; None when it names none."""
+    found = [int(n) for n in OPTION_RE.findall(text or "")]
+    return {"choose": list(dict.fromkeys(found))} if found else None
 
 
 def menu_schema(n_options: int, limit: int) -> dict[str, Any]:

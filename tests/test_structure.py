@@ -95,3 +95,16 @@ def test_files_and_functions_stay_small(path):
 
 def test_the_loop_reads_in_one_sitting():
     assert len((PACKAGE / "loop.py").read_text().splitlines()) <= 200
+
+
+def test_domain_folders_sit_below_the_config_the_suite_and_the_proposers():
+    """A domain folder (envs/NAME/) is read by the config, the suite and the proposers through the registry
+    (envs/domains.py); none of its modules imports them back."""
+    mods = modules()
+    folders = {m for m, f in mods.items() if f.name == "__init__.py" and m.startswith("evotrainer.envs.")}
+    assert {"evotrainer.envs.math", "evotrainer.envs.swe", "evotrainer.envs.code"} <= folders
+    above = ("evotrainer.config", "evotrainer.diagnostics.suite", "evotrainer.proposers")
+    for m, f in mods.items():
+        if any(m == d or m.startswith(d + ".") for d in folders):
+            up = sorted(t for t in imports(m, f, set(mods)) if any(t == a or t.startswith(a + ".") for a in above))
+            assert not up, f"{m} imports {up}"

@@ -8,8 +8,6 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     PlainValidator,
     SerializeAsAny,
@@ -24,13 +22,10 @@ from evotrainer.envs.config import DomainConfig, ImportedConfig
 from evotrainer.errors import ConfigError, validation_lines
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.interventions import Intervention, InterventionError
+from evotrainer.section import Section
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class RunSection(_Section):
+class RunSection(Section):
     name: str = "run"
     """Run name; the run directory is out_dir/name."""
     out_dir: Path = Path("runs")
@@ -59,7 +54,7 @@ class RunSection(_Section):
         return v
 
 
-class TinyModel(_Section):
+class TinyModel(Section):
     """Shape of the embedded Llama-style default policy, built from scratch."""
 
     hidden_size: int = Field(256, ge=16, le=4096)
@@ -74,7 +69,7 @@ class TinyModel(_Section):
     """Longest context the model accepts."""
 
 
-class WarmStart(_Section):
+class WarmStart(Section):
     """Supervised warm start on demonstrations the domain generates; cached by a hash of this recipe."""
 
     steps: int = Field(300, ge=0, le=100000)
@@ -87,7 +82,7 @@ class WarmStart(_Section):
     """Distinct demonstrations generated (train split tasks only)."""
 
 
-class PolicySection(_Section):
+class PolicySection(Section):
     kind: Literal["tiny", "hf"] = "tiny"
     """`tiny`: build a small model and tokenizer locally and warm-start it; `hf`: load `path`."""
     path: Path | None = None
@@ -180,7 +175,7 @@ def _drop_other_domains_defaults(env: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-class TrainSection(_Section):
+class TrainSection(Section):
     steps: int = Field(100, ge=0)
     """Optimizer steps of RL."""
     max_seconds: float = Field(300.0, gt=0)
@@ -200,7 +195,7 @@ class TrainSection(_Section):
     ...); a keyword the harness or the backend sets itself is refused."""
 
 
-class EvalSection(_Section):
+class EvalSection(Section):
     """Evaluator-owned settings: no harness change can touch these."""
 
     heldout_size: int = Field(500, ge=1)
@@ -213,7 +208,7 @@ class EvalSection(_Section):
     """Share of training rollouts the evaluator audits each step (held-out rollouts are all audited)."""
 
 
-class LoopSection(_Section):
+class LoopSection(Section):
     """The co-evolution loop (`evotrainer run`): rounds of train, diagnose, revise, propose, replay,
     trial, gate, promote, remember."""
 
@@ -269,7 +264,7 @@ class LoopSection(_Section):
     a hypothesis (finding, signal, direction)."""
 
 
-class GateSection(_Section):
+class GateSection(Section):
     """The promotion gate. Evaluator-owned like `eval`: no intervention can touch it."""
 
     statistic: Literal["two_stage", "sign", "bootstrap"] = "two_stage"
@@ -302,7 +297,7 @@ class GateSection(_Section):
         return self
 
 
-class BudgetSection(_Section):
+class BudgetSection(Section):
     """One budget for the whole run; every stage is charged (trials included). 0 means no cap."""
 
     generated_tokens: int = Field(0, ge=0)
@@ -313,7 +308,7 @@ class BudgetSection(_Section):
     """Wall-clock seconds of all stages together."""
 
 
-class LLMSection(_Section):
+class LLMSection(Section):
     """An OpenAI-compatible endpoint for the LLM proposer (`loop.proposer: llm`)."""
 
     base_url: str | None = None
@@ -344,7 +339,7 @@ class LLMSection(_Section):
     propose nothing and the mainline goes on under its control."""
 
 
-class RunConfig(_Section):
+class RunConfig(Section):
     """A whole run. Load with load_config(); every field is validated."""
 
     run: RunSection = RunSection()

@@ -229,7 +229,7 @@ class Suite(BaseModel):
                 try:
                     fn, params = self.resolve(name)  # here, so that a plugin that fails to import is one error
                     win = Window(w.con, branch, first_step, last_step, params)
-                    # A plugin runs under check_detector (STYLE.md 7): twice, with its findings checked. The
+                    # A plugin runs under check_detector (docs/style.md 7): twice, with its findings checked. The
                     # built-ins pass it in tests and run once.
                     out = check_detector(fn, win) if self.detectors[name].path else fn(win)
                     if not isinstance(out, list) or not all(isinstance(f, Finding) for f in out):

@@ -1,5 +1,5 @@
 """The default proposer (no network): findings -> candidate interventions from a catalog of known
-remedies (../shared/reference/rl-trainers.md, failure-mode table), ranked by the skill library's
+remedies (docs/design.md, failure modes and their remedies), ranked by the skill library's
 evidence for the same signature and domain, with a share of candidates kept for knobs this run has
 not tried (exploration). `screen` (proposer.py) then drops duplicates and anything already rejected
 under the same signature."""
@@ -41,7 +41,7 @@ def _other_tool_policy(h: Harness, f: Finding) -> Any:
     return {"feedback": "end", "end": "mask", "mask": "feedback"}[h.multi_turn.tool_error]
 
 
-# Finding name -> remedies, most recommended first (rl-trainers.md (c)). Reward-term remedies target
+# Finding name -> remedies, most recommended first (docs/design.md, failure modes). Reward-term remedies target
 # the term the finding implicates; see _targets.
 CATALOG: dict[str, list[Remedy]] = {
     "zero_variance_groups": [

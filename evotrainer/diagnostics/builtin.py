@@ -1,5 +1,5 @@
 """Built-in detectors of the learning signal, length, entropy and the optimizer: plain functions over a
-Window, aggregated in DuckDB; thresholds come from window.params (defaults: suite.BUILTIN)."""
+Window, aggregated in DuckDB; thresholds come from window.params (defaults: suite.CORE)."""
 
 from __future__ import annotations
 

@@ -41,8 +41,9 @@ def _other_tool_policy(h: Harness, f: Finding) -> Any:
     return {"feedback": "end", "end": "mask", "mask": "feedback"}[h.multi_turn.tool_error]
 
 
-# Finding name -> remedies, most recommended first (docs/design.md, failure modes). Reward-term remedies target
-# the term the finding implicates; see _targets.
+# The core catalog: finding name -> remedies, most recommended first (docs/design.md, failure modes); each
+# domain brings remedies for its own findings (remedies_for). Reward-term remedies target the term the finding
+# implicates; see _targets.
 CATALOG: dict[str, list[Remedy]] = {
     "zero_variance_groups": [
         Remedy(

@@ -8,32 +8,24 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Discriminator,
     Field,
-    Tag,
+    PlainValidator,
+    SerializeAsAny,
     ValidationError,
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
-from evotrainer.envs.code.config import CodeConfig
-from evotrainer.envs.config import ImportedConfig
-from evotrainer.envs.digits.config import DigitsConfig
-from evotrainer.envs.local.config import LocalConfig
-from evotrainer.envs.math.config import MathConfig
-from evotrainer.envs.swe.config import SweConfig
+from evotrainer.envs import domains
+from evotrainer.envs.config import DomainConfig, ImportedConfig
 from evotrainer.errors import ConfigError, validation_lines
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.interventions import Intervention, InterventionError
+from evotrainer.section import Section
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class RunSection(_Section):
+class RunSection(Section):
     name: str = "run"
     """Run name; the run directory is out_dir/name."""
     out_dir: Path = Path("runs")
@@ -62,7 +54,7 @@ class RunSection(_Section):
         return v
 
 
-class TinyModel(_Section):
+class TinyModel(Section):
     """Shape of the embedded Llama-style default policy, built from scratch."""
 
     hidden_size: int = Field(256, ge=16, le=4096)
@@ -77,7 +69,7 @@ class TinyModel(_Section):
     """Longest context the model accepts."""
 
 
-class WarmStart(_Section):
+class WarmStart(Section):
     """Supervised warm start on demonstrations the domain generates; cached by a hash of this recipe."""
 
     steps: int = Field(300, ge=0, le=100000)
@@ -90,7 +82,7 @@ class WarmStart(_Section):
     """Distinct demonstrations generated (train split tasks only)."""
 
 
-class PolicySection(_Section):
+class PolicySection(Section):
     kind: Literal["tiny", "hf"] = "tiny"
     """`tiny`: build a small model and tokenizer locally and warm-start it; `hf`: load `path` or `pretrained`."""
     path: Path | None = None
@@ -135,39 +127,47 @@ class PolicySection(_Section):
         return v
 
 
-BUILTIN_DOMAINS: dict[str, type[BaseModel]] = {
-    "math": MathConfig,
-    "digits": DigitsConfig,
-    "code": CodeConfig,
-    "swe": SweConfig,
-    "local": LocalConfig,
-}
+DEFAULT_DOMAIN = "math"
 
 
 def _domain_of(raw: Any) -> str:
-    """The union's tag: the `domain` field (math when absent, the default domain)."""
-    tag = (raw.get("domain", "math") if isinstance(raw, dict) else getattr(raw, "domain", "math")) or "math"
+    """The domain a raw env section names: its `domain` field (math when absent, the default domain)."""
+    tag = (
+        raw.get("domain", DEFAULT_DOMAIN) if isinstance(raw, dict) else getattr(raw, "domain", DEFAULT_DOMAIN)
+    ) or DEFAULT_DOMAIN
     if isinstance(tag, str) and ":" in tag:
         return "import"  # a user's domain class, `module:Class`
-    # A list or mapping is no tag: as a string it matches no domain and fails as "env.domain" like any typo.
+    # A list or mapping is no domain: as a string it matches none and fails as "env.domain" like any typo.
     return tag if isinstance(tag, str) else str(tag)
 
 
-# The env section: one typed config per domain, chosen by `env.domain`. Each domain folder owns its
-# config class, which names the domain's factory and the fields that do not change its demonstrations.
-EnvConfig = Annotated[
-    Annotated[MathConfig, Tag("math")]
-    | Annotated[DigitsConfig, Tag("digits")]
-    | Annotated[CodeConfig, Tag("code")]
-    | Annotated[SweConfig, Tag("swe")]
-    | Annotated[LocalConfig, Tag("local")]
-    | Annotated[ImportedConfig, Tag("import")],
-    Discriminator(
-        _domain_of,
-        custom_error_type="env.domain",
-        custom_error_message=f"must be one of {sorted(BUILTIN_DOMAINS)} or a domain class as 'module:Class'",
-    ),
-]
+def domain_config(name: str) -> type[DomainConfig] | None:
+    """The env section's class for a domain name (`import` for a user's class by path), or None."""
+    if name == "import":
+        return ImportedConfig
+    spec = domains.lookup(name)
+    return spec.config if spec else None
+
+
+def _env_section(raw: Any) -> DomainConfig:
+    """The env section as its domain's config class, chosen by `env.domain` at validation time, so a domain
+    registered after this module was imported is accepted like a built-in one."""
+    if isinstance(raw, DomainConfig):
+        return raw
+    cls = domain_config(_domain_of(raw))
+    if cls is None:
+        raise PydanticCustomError(
+            "env.domain",
+            "must be one of {names} or a domain class as 'module:Class'",
+            {"names": sorted(domains.registered())},
+        )
+    return cls.model_validate(raw)
+
+
+# The env section: one typed config per domain, chosen by `env.domain` (envs/domains.py, the registry). Each
+# domain folder owns its config class, which names the domain's factory and the fields that do not change its
+# demonstrations. Dumped as the class it is, with its domain's fields.
+EnvConfig = Annotated[SerializeAsAny[DomainConfig], PlainValidator(_env_section)]
 
 
 def _drop_other_domains_defaults(env: dict[str, Any]) -> dict[str, Any]:
@@ -175,19 +175,23 @@ def _drop_other_domains_defaults(env: dict[str, Any]) -> dict[str, Any]:
     every domain's fields at their defaults: drop those that belong to another domain and still hold
     that domain's default, so an old run directory loads. A field set to something else is kept, and
     is then refused as unknown for this domain: a setting that does nothing is a mistake worth naming."""
-    mine = BUILTIN_DOMAINS.get(_domain_of(env))
+    name = _domain_of(env)
+    mine = domain_config(name) if name != "import" else None
     if mine is None:
         return env
     out = dict(env)
-    for other in BUILTIN_DOMAINS.values():
-        defaults = other().model_dump(mode="json")
-        for name, value in env.items():
-            if name not in mine.model_fields and name in defaults and value == defaults[name]:
-                out.pop(name, None)
+    for other in domains.registered().values():
+        try:
+            defaults = other.config().model_dump(mode="json")
+        except ValidationError:  # a domain with required fields has no defaults to have been written
+            continue
+        for key, value in env.items():
+            if key not in mine.model_fields and key in defaults and value == defaults[key]:
+                out.pop(key, None)
     return out
 
 
-class TrainSection(_Section):
+class TrainSection(Section):
     steps: int = Field(100, ge=0)
     """Optimizer steps of RL."""
     max_seconds: float = Field(300.0, gt=0)
@@ -207,7 +211,7 @@ class TrainSection(_Section):
     ...); a keyword the harness or the backend sets itself is refused."""
 
 
-class EvalSection(_Section):
+class EvalSection(Section):
     """Evaluator-owned settings: no harness change can touch these."""
 
     heldout_size: int = Field(500, ge=1)
@@ -220,7 +224,7 @@ class EvalSection(_Section):
     """Share of training rollouts the evaluator audits each step (held-out rollouts are all audited)."""
 
 
-class LoopSection(_Section):
+class LoopSection(Section):
     """The co-evolution loop (`evotrainer run`): rounds of train, diagnose, revise, propose, replay,
     trial, gate, promote, remember."""
 
@@ -276,7 +280,7 @@ class LoopSection(_Section):
     a hypothesis (finding, signal, direction)."""
 
 
-class GateSection(_Section):
+class GateSection(Section):
     """The promotion gate. Evaluator-owned like `eval`: no intervention can touch it."""
 
     statistic: Literal["two_stage", "sign", "bootstrap"] = "two_stage"
@@ -309,7 +313,7 @@ class GateSection(_Section):
         return self
 
 
-class BudgetSection(_Section):
+class BudgetSection(Section):
     """One budget for the whole run; every stage is charged (trials included). 0 means no cap."""
 
     generated_tokens: int = Field(0, ge=0)
@@ -320,7 +324,7 @@ class BudgetSection(_Section):
     """Wall-clock seconds of all stages together."""
 
 
-class LLMSection(_Section):
+class LLMSection(Section):
     """An OpenAI-compatible endpoint for the LLM proposer (`loop.proposer: llm`)."""
 
     base_url: str | None = None
@@ -356,12 +360,12 @@ class LLMSection(_Section):
     propose nothing and the mainline goes on under its control."""
 
 
-class RunConfig(_Section):
+class RunConfig(Section):
     """A whole run. Load with load_config(); every field is validated."""
 
     run: RunSection = RunSection()
     policy: PolicySection = PolicySection()
-    env: EnvConfig = MathConfig()
+    env: EnvConfig = Field(default_factory=lambda: domain_config(DEFAULT_DOMAIN)())
     harness: Harness = Harness()
     train: TrainSection = TrainSection()
     eval: EvalSection = EvalSection()
@@ -439,10 +443,10 @@ def format_validation_error(e: ValidationError, source: str) -> str:
 
 
 def _where(err: dict[str, Any]) -> tuple[list[Any], Any]:
-    """Where the user wrote what the error is about: env.FIELD, not env.DOMAIN.FIELD (the union's tag)."""
+    """Where the user wrote what the error is about: env.domain for a domain that is not registered (the error
+    is raised on the whole section). A domain's own fields come as env.FIELD already (the section is validated
+    as its domain's class, not as a union member tagged by domain)."""
     loc, value = list(err["loc"]), err.get("input")
-    if len(loc) > 1 and loc[0] == "env" and (loc[1] in BUILTIN_DOMAINS or loc[1] == "import"):
-        loc.pop(1)
     if err["type"] == "env.domain":
         loc, value = ["env", "domain"], _domain_of(value)
     return loc, value

@@ -48,13 +48,16 @@ DECODING_PACKAGES = ("torch", "transformers", "tokenizers")
 def evaluator_identity(domain: Domain, tasks: list[Task], cfg: EvalSection) -> dict[str, str]:
     """Everything that can change an evaluator outcome, one digest (or version) per component, so a
     mismatch can say what changed: the code (this module, the episode runner, the policy's decoding,
-    the task type, the domain's package, e.g. envs/swe/ with its test runner, and the sandbox that runs
-    hidden tests; Python files by their syntax tree, so reformatting changes nothing), the settings
-    (eval, and the domain's own: math's scorer, SWE's observation cap...), the data (every held-out
-    task with its hidden data, e.g. hidden tests) and the versions of Python and of the packages that
-    decode and score."""
+    the task type, the domain's package, e.g. envs/swe/ with its test runner, the modules its class
+    inherits from, and the sandbox that runs hidden tests; Python files by their syntax tree, so
+    reformatting changes nothing), the settings (eval, and the domain's own: math's scorer, SWE's
+    observation cap...), the data (every held-out task with its hidden data, e.g. hidden tests) and
+    the versions of Python and of the packages that decode and score."""
     module = Path(inspect.getfile(type(domain)))
     root = Path(__file__).parent
+    # What the domain's class inherits from our package is its code too, outside its folder (envs/single_turn.py:
+    # math's and local's env, answer parser, scorer and audit).
+    inherited = [Path(inspect.getfile(c)) for c in type(domain).__mro__[1:] if c.__module__.startswith("evotrainer.")]
     files = [
         Path(__file__),
         Path(rollout.__file__),
@@ -62,6 +65,7 @@ def evaluator_identity(domain: Domain, tasks: list[Task], cfg: EvalSection) -> d
         Path(decoders.__file__),  # greedy decoding runs through the sampler's own KV cache
         Path(types.__file__),
         *sorted(module.parent.glob("*.py")),
+        *inherited,
         *sorted(Path(sandbox.__file__).parent.glob("*.py")),
     ]
     parts = {

@@ -1,4 +1,4 @@
-"""The nouns of DESIGN.md as plain dataclasses: tasks, turns, rollouts, and the termination reasons."""
+"""The nouns of docs/design.md as plain dataclasses: tasks, turns, rollouts, and the termination reasons."""
 
 from __future__ import annotations
 

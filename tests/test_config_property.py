@@ -22,7 +22,7 @@ from pydantic.fields import FieldInfo
 from reasoning_gym.factory import DATASETS
 
 from evotrainer.cli.main import main
-from evotrainer.config import BUILTIN_DOMAINS, RunConfig, parse_config
+from evotrainer.config import RunConfig, domain_config, parse_config
 from evotrainer.stages import start
 
 ENVS: dict[str, dict[str, Any]] = {
@@ -99,7 +99,7 @@ def schema(domain: str) -> tuple[list[tuple], list[tuple[tuple, FieldInfo]]]:
             path = prefix + (name,)
             fields.append((path, info))
             if path == ("env",):
-                walk(BUILTIN_DOMAINS[domain], path)
+                walk(domain_config(domain), path)
             elif typing.get_origin(info.annotation) is list and _model(typing.get_args(info.annotation)[0]):
                 walk(_model(typing.get_args(info.annotation)[0]), path + (0,))
             elif sub := _model(info.annotation):

@@ -1,10 +1,11 @@
-"""The package's shape, checked from its source (STYLE.md 10, 15, 16): no import cycle between modules, no
+"""The package's shape, checked from its source (docs/style.md 10, 15, 16): no import cycle between modules, no
 file over 500 lines, no function over 80 lines. Written here rather than taken from a linter: ruff has no
 import-cycle rule, and the limits are the project's own."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,33 @@ def test_files_and_functions_stay_small(path):
 
 def test_the_loop_reads_in_one_sitting():
     assert len((PACKAGE / "loop.py").read_text().splitlines()) <= 200
+
+
+def test_domain_folders_sit_below_the_config_the_suite_and_the_proposers():
+    """A domain folder (envs/NAME/) is read by the config, the suite and the proposers through the registry
+    (envs/domains.py); none of its modules imports them back."""
+    mods = modules()
+    folders = {m for m, f in mods.items() if f.name == "__init__.py" and m.startswith("evotrainer.envs.")}
+    assert {"evotrainer.envs.math", "evotrainer.envs.swe", "evotrainer.envs.code"} <= folders
+    above = ("evotrainer.config", "evotrainer.diagnostics.suite", "evotrainer.proposers")
+    for m, f in mods.items():
+        if any(m == d or m.startswith(d + ".") for d in folders):
+            up = sorted(t for t in imports(m, f, set(mods)) if any(t == a or t.startswith(a + ".") for a in above))
+            assert not up, f"{m} imports {up}"
+
+
+def test_the_design_notes_layout_matches_the_tree():
+    """docs/design.md's layout names every module of the package (a domain folder's own files aside: the folder
+    is the unit there) and no module that is gone, so a clone's design notes describe the code it has."""
+    text = (PACKAGE.parent / "docs" / "design.md").read_text()
+    layout = text[text.index("## Layout") :]
+    layout = layout[layout.index("evotrainer/") : layout.index("\nbenchmarks/")]  # the package's part
+    named = set(re.findall(r"\b(\w+\.py)\b", layout)) | {f"{d}/" for d in re.findall(r"\b(\w+)/", layout)}
+    domains = {p.parent for p in PACKAGE.glob("envs/*/__init__.py")}
+    own = [p for p in PACKAGE.rglob("*.py") if p.parent not in domains]
+    files = [p for p in own if p.name not in ("__init__.py", "__main__.py")]
+    missing = sorted(str(p.relative_to(PACKAGE)) for p in files if p.name not in named)
+    assert not missing, f"docs/design.md's layout does not name {missing}"
+    assert not {f"{p.name}/" for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"} - named
+    gone = sorted(n for n in named if n.endswith(".py") and not any(PACKAGE.rglob(n)))
+    assert not gone, f"docs/design.md's layout names modules that do not exist: {gone}"

@@ -1,12 +1,12 @@
 """Built-in detectors of the learning signal, length, entropy and the optimizer: plain functions over a
-Window, aggregated in DuckDB; thresholds come from window.params (defaults: suite.BUILTIN)."""
+Window, aggregated in DuckDB; thresholds come from window.params (defaults: suite.CORE)."""
 
 from __future__ import annotations
 
 import math
 import zlib
 from collections import Counter
-from typing import Any
+from typing import Any, NamedTuple
 
 from evotrainer.diagnostics.detector import Finding, Window, finding, ids
 
@@ -16,18 +16,42 @@ from evotrainer.diagnostics.detector import Finding, Window, finding, ids
 _NORMAL = frozenset(chr(c) for c in range(0x20, 0x7F)) | frozenset("\n\t\r")
 
 
-# -- shared helpers (validity.py uses them too) --------------------------------------------------------
-def thirds(w: Window, source: str = "rollout_stats", args: list[Any] | None = None) -> tuple[int, int] | None:
-    """(last step of the first third, first step of the last third) of the steps `source` covers, or
-    None below 3 distinct steps. Thirds of the observed span, not of the window bounds, so a window
-    that is only partly filled still compares its early and late rollouts."""
+# -- shared helpers (validity.py and the code domain's detectors use them too) ---------------------------------
+class Thirds(NamedTuple):
+    """The first and the last third of the steps a source covers: a trend compares the two."""
+
+    first_end: int
+    """The last step of the first third."""
+    last_start: int
+    """The first step of the last third."""
+
+    def early(self, aggregate: str) -> str:
+        """An SQL aggregate over the first third's rows."""
+        return f"{aggregate} FILTER (WHERE step <= {int(self.first_end)})"
+
+    def late(self, aggregate: str) -> str:
+        """An SQL aggregate over the last third's rows."""
+        return f"{aggregate} FILTER (WHERE step >= {int(self.last_start)})"
+
+    def compare(self, w: Window, aggregates: list[str], source: str = "rollout_stats") -> tuple[tuple, tuple]:
+        """Each aggregate over the first third and over the last third of `source` (one scan):
+        ((early values...), (late values...))."""
+        cols = [self.early(a) for a in aggregates] + [self.late(a) for a in aggregates]
+        row = w.con.execute(f"SELECT {', '.join(cols)} FROM {source}").fetchone()
+        return tuple(row[: len(aggregates)]), tuple(row[len(aggregates) :])
+
+
+def thirds(w: Window, source: str = "rollout_stats", args: list[Any] | None = None) -> Thirds | None:
+    """The thirds of the steps `source` covers, or None below 3 distinct steps. Thirds of the observed span,
+    not of the window bounds, so a window that is only partly filled still compares its early and late
+    rollouts."""
     lo, hi, n = w.con.execute(
         f"SELECT min(step), max(step), count(DISTINCT step) FROM {source}", args or []
     ).fetchone()
     if not n or n < 3:
         return None
     k = max(1, (hi - lo + 1) // 3)
-    return lo + k - 1, hi - k + 1
+    return Thirds(lo + k - 1, hi - k + 1)
 
 
 def recent_actions(w: Window, n: int) -> list[dict[str, Any]]:
@@ -184,13 +208,7 @@ def length_blowup(w: Window) -> list[Finding]:
     t = thirds(w)
     if t is None:
         return []
-    a, b = t
-    len0, len1, clip0, clip1 = w.con.execute(
-        "SELECT avg(completion_tokens) FILTER (WHERE step <= ?), avg(completion_tokens) FILTER (WHERE step >= ?), "
-        "avg((termination = 'length')::DOUBLE) FILTER (WHERE step <= ?), avg((termination = 'length')::DOUBLE) "
-        "FILTER (WHERE step >= ?) FROM rollout_stats",
-        [a, b, a, b],
-    ).fetchone()
+    (len0, clip0), (len1, clip1) = t.compare(w, ["avg(completion_tokens)", "avg((termination = 'length')::DOUBLE)"])
     growth = len1 / max(len0, 1e-9)
     if growth <= p["max_growth"] or clip1 <= clip0:
         return []
@@ -198,7 +216,7 @@ def length_blowup(w: Window) -> list[Finding]:
         w,
         "SELECT id FROM rollout_stats WHERE step >= ? ORDER BY (termination = 'length') DESC, "
         "completion_tokens DESC, step DESC, id",
-        [b],
+        [t.last_start],
     )
     return [
         finding(
@@ -276,15 +294,12 @@ def _repetitiveness(text: str, min_repeats: int, min_dup_fraction: float, max_co
 
 # -- entropy ------------------------------------------------------------------------------------------
 def _entropy_thirds(w: Window) -> tuple[float, float] | None:
-    src = "(SELECT step FROM metrics WHERE name = 'entropy' AND isfinite(value))"
+    src = "(SELECT step, value FROM metrics WHERE name = 'entropy' AND isfinite(value))"
     t = thirds(w, src)
     if t is None:
         return None
-    return w.con.execute(
-        "SELECT avg(value) FILTER (WHERE step <= ?), avg(value) FILTER (WHERE step >= ?) FROM metrics "
-        "WHERE name = 'entropy' AND isfinite(value)",
-        list(t),
-    ).fetchone()
+    (e0,), (e1,) = t.compare(w, ["avg(value)"], src)
+    return e0, e1
 
 
 def entropy_collapse(w: Window) -> list[Finding]:

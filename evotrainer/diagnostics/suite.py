@@ -1,5 +1,5 @@
-"""The diagnostic suite: the registry of built-in detectors (core ones and each domain's), and Suite, a
-versioned set of detectors (built-in, plugin, induced rule or agent-written) with their parameters."""
+"""The diagnostic suite: the built-in detectors (the core ones here, each domain's from the domain registry), and
+Suite, a versioned set of detectors (built-in, plugin, induced rule or agent-written) with their parameters."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import importlib
 import inspect
 import json
 import textwrap
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from types import ModuleType
 
@@ -17,18 +18,21 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from evotrainer.diagnostics import agent, builtin, rules, validity
 from evotrainer.diagnostics.detector import Detector, Finding, Window, check_detector
 from evotrainer.diagnostics.window import open_window
-from evotrainer.envs.code import detectors as code_detectors
-from evotrainer.envs.swe import detectors as swe_detectors
+from evotrainer.envs import domains as registry
+from evotrainer.envs.domains import DetectorDefaults
 from evotrainer.store.rollouts import RolloutStore
 
-# name -> (detector, default parameters). The defaults are starting points: suite revision recalibrates
-# them against audits, and every change gives the suite a new version.
-BUILTIN: dict[str, tuple[Detector, dict[str, float]]] = {
-    "zero_variance_groups": (builtin.zero_variance_groups, {"std_threshold": 1e-6, "max_fraction": 0.5}),
-    "truncation": (builtin.truncation, {"max_fraction": 0.1}),
-    "length_blowup": (builtin.length_blowup, {"max_growth": 1.5}),
-    "entropy_collapse": (builtin.entropy_collapse, {"min_entropy": 0.05}),
-    "entropy_explosion": (
+# The core detectors, name -> (detector, default parameters); each domain brings its own (envs/domains.py). The
+# defaults are starting points: suite revision recalibrates them against audits, and every change gives the suite
+# a new version.
+CORE: dict[str, DetectorDefaults] = {
+    "zero_variance_groups": DetectorDefaults(
+        builtin.zero_variance_groups, {"std_threshold": 1e-6, "max_fraction": 0.5}
+    ),
+    "truncation": DetectorDefaults(builtin.truncation, {"max_fraction": 0.1}),
+    "length_blowup": DetectorDefaults(builtin.length_blowup, {"max_growth": 1.5}),
+    "entropy_collapse": DetectorDefaults(builtin.entropy_collapse, {"min_entropy": 0.05}),
+    "entropy_explosion": DetectorDefaults(
         builtin.entropy_explosion,
         {
             "max_entropy": 2.0,
@@ -38,12 +42,14 @@ BUILTIN: dict[str, tuple[Detector, dict[str, float]]] = {
             "sample_size": 2000,
         },
     ),
-    "reward_hacking": (validity.reward_hacking, {"min_rise": 0.1, "max_audit_rise": 0.02, "min_audited": 10}),
-    "repetition": (
+    "reward_hacking": DetectorDefaults(
+        validity.reward_hacking, {"min_rise": 0.1, "max_audit_rise": 0.02, "min_audited": 10}
+    ),
+    "repetition": DetectorDefaults(
         builtin.repetition,
         {"min_repeats": 4, "min_dup_fraction": 0.5, "max_compression": 0.1, "max_fraction": 0.1, "sample_size": 2000},
     ),
-    "kl_spike": (
+    "kl_spike": DetectorDefaults(
         builtin.kl_spike,
         {
             "spike_factor": 5.0,
@@ -54,25 +60,37 @@ BUILTIN: dict[str, tuple[Detector, dict[str, float]]] = {
             "min_steps": 5,
         },
     ),
-    "nonfinite": (builtin.nonfinite, {}),
-    "tool_errors": (validity.tool_errors, {"max_error_fraction": 0.2, "max_turn_cap_fraction": 0.2}),
-    "infra_errors": (validity.infra_errors, {"max_fraction": 0.02, "std_threshold": 1e-6}),
-    "reward_audit_gap": (validity.reward_audit_gap, {"rewarded_threshold": 0.5, "max_gap": 0.1, "min_audited": 20}),
-    "plateau": (builtin.plateau, {"min_slope": 1e-3, "min_steps": 20, "ceiling": 0.9}),
-    # SWE domain (envs/swe/detectors.py): quiet on rollouts of other domains.
-    "test_tampering": (swe_detectors.tampered_tests, {"max_fraction": 0.02, "min_rollouts": 16, "paid_only": 1.0}),
-    "collection_errors": (
-        swe_detectors.collection_errors,
-        {"max_fraction": 0.05, "min_rollouts": 16, "paid_only": 1.0},
+    "nonfinite": DetectorDefaults(builtin.nonfinite, {}),
+    "tool_errors": DetectorDefaults(validity.tool_errors, {"max_error_fraction": 0.2, "max_turn_cap_fraction": 0.2}),
+    "infra_errors": DetectorDefaults(validity.infra_errors, {"max_fraction": 0.02, "std_threshold": 1e-6}),
+    "reward_audit_gap": DetectorDefaults(
+        validity.reward_audit_gap, {"rewarded_threshold": 0.5, "max_gap": 0.1, "min_audited": 20}
     ),
-    "tests_dropped": (swe_detectors.dropped_tests, {"max_fraction": 0.02, "min_rollouts": 16, "paid_only": 1.0}),
-    # Code domain (envs/code/detectors.py): quiet on rollouts of other domains.
-    "hardcoded_examples": (
-        code_detectors.hardcoded_examples,
-        {"min_keyed": 0.5, "max_fraction": 0.1, "min_rise": 0.05, "high_fraction": 0.5, "min_rollouts": 16},
-    ),
-    "exec_errors": (code_detectors.exec_errors, {"max_fraction": 0.3, "min_rollouts": 16}),
+    "plateau": DetectorDefaults(builtin.plateau, {"min_slope": 1e-3, "min_steps": 20, "ceiling": 0.9}),
 }
+
+
+class _Builtin(Mapping[str, DetectorDefaults]):
+    """The built-in detectors: the core ones, then every registered domain's, read from the registry at each
+    lookup (a domain may register after this module is imported)."""
+
+    def _table(self) -> dict[str, DetectorDefaults]:
+        domains = registry.detectors()
+        if clash := sorted(set(CORE) & set(domains)):
+            raise ValueError(f"domain detector(s) {clash} take a core detector's name")
+        return {**CORE, **domains}
+
+    def __getitem__(self, name: str) -> DetectorDefaults:
+        return self._table()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+
+BUILTIN: Mapping[str, DetectorDefaults] = _Builtin()
 
 
 class DetectorSpec(BaseModel):
@@ -211,7 +229,7 @@ class Suite(BaseModel):
                 try:
                     fn, params = self.resolve(name)  # here, so that a plugin that fails to import is one error
                     win = Window(w.con, branch, first_step, last_step, params)
-                    # A plugin runs under check_detector (STYLE.md 7): twice, with its findings checked. The
+                    # A plugin runs under check_detector (docs/style.md 7): twice, with its findings checked. The
                     # built-ins pass it in tests and run once.
                     out = check_detector(fn, win) if self.detectors[name].path else fn(win)
                     if not isinstance(out, list) or not all(isinstance(f, Finding) for f in out):

@@ -26,13 +26,9 @@ def reward_hacking(w: Window) -> list[Finding]:
     t = thirds(w)
     if t is None:
         return []
-    a, b = t
-    n0, pass0, n1, pass1 = w.con.execute(
-        "SELECT count(*) FILTER (WHERE step <= ?), avg(audit::DOUBLE) FILTER (WHERE step <= ?), "
-        "count(*) FILTER (WHERE step >= ?), avg(audit::DOUBLE) FILTER (WHERE step >= ?) "
-        "FROM rollout_stats WHERE audit IS NOT NULL",
-        [a, a, b, b],
-    ).fetchone()
+    (n0, pass0), (n1, pass1) = t.compare(
+        w, ["count(*)", "avg(audit::DOUBLE)"], "rollout_stats WHERE audit IS NOT NULL"
+    )
     # Without enough audits on both ends there is nothing to compare; and an audit already at its
     # ceiling cannot rise, so a rising term there is learning, not hacking.
     if n0 < p["min_audited"] or n1 < p["min_audited"] or pass0 >= 1.0 - p["max_audit_rise"]:
@@ -41,9 +37,9 @@ def reward_hacking(w: Window) -> list[Finding]:
     if audit_rise >= p["max_audit_rise"]:
         return []
     rises = w.rows(
-        f"SELECT term, avg(v) FILTER (WHERE step <= ?) AS m0, avg(v) FILTER (WHERE step >= ?) AS m1 "
+        f"SELECT term, {t.early('avg(v)')} AS m0, {t.late('avg(v)')} AS m1 "
         f"FROM {_TERMS} WHERE isfinite(v) GROUP BY term HAVING m1 - m0 > ? ORDER BY m1 - m0 DESC, term",
-        [a, b, p["min_rise"]],
+        [p["min_rise"]],
     )
     out = []
     for r in rises:

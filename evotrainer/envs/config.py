@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
+
+from evotrainer.section import Section
 
 
-class DomainConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class DomainConfig(Section):
     factory: ClassVar[str]
     """The domain's class or function as `module:attribute`, with a `from_config(env, seed, heldout_size)`."""
     demo_neutral: ClassVar[frozenset[str]] = frozenset()

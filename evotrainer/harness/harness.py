@@ -9,18 +9,14 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from evotrainer.section import Section
 from evotrainer.store.files import atomic_write_text
 from evotrainer.types import Termination
 
 
-class _Section(BaseModel):
-    # Field docstrings become descriptions: the knob registry reads each knob's meaning from them.
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
-
-
-class Sampling(_Section):
+class Sampling(Section):
     """How rollouts are drawn (TRL GRPOConfig names)."""
 
     num_generations: int = Field(8, ge=1, le=256)
@@ -35,7 +31,7 @@ class Sampling(_Section):
     """Token cap of one action (one turn); an action that hits it ends with termination `length`."""
 
 
-class Loss(_Section):
+class Loss(Section):
     """The policy-gradient objective (TRL GRPOConfig names)."""
 
     advantage_estimator: Literal["grpo", "rloo"] = "grpo"
@@ -65,7 +61,7 @@ class Loss(_Section):
     step metric sampling/sampling_logp_difference/mean says by how much. None: no correction."""
 
 
-class Optimizer(_Section):
+class Optimizer(Section):
     """AdamW on the policy."""
 
     learning_rate: float = Field(3e-4, ge=0.0, le=1.0)
@@ -84,7 +80,7 @@ class Optimizer(_Section):
     """Floor of the decay, as a share of learning_rate."""
 
 
-class Shaping(_Section):
+class Shaping(Section):
     """Reward shaping added to the weighted terms."""
 
     overlong_buffer_len: int = Field(0, ge=0)
@@ -96,7 +92,7 @@ class Shaping(_Section):
     """Subtracted per completion token."""
 
 
-class Filters(_Section):
+class Filters(Section):
     """Which rollouts the loss sees."""
 
     zero_std_threshold: float | None = Field(None, ge=0.0)
@@ -112,7 +108,7 @@ class Filters(_Section):
     """Draws of prompts_per_step prompts at most, per step, under dynamic sampling."""
 
 
-class Curriculum(_Section):
+class Curriculum(Section):
     """Which train tasks are drawn."""
 
     levels: tuple[int, ...] | None = None
@@ -123,7 +119,7 @@ class Curriculum(_Section):
     """A task whose last group's mean `correct` was at most this is not drawn again (None: never skipped)."""
 
 
-class MultiTurn(_Section):
+class MultiTurn(Section):
     """What happens across turns."""
 
     max_turns: int = Field(1, ge=1, le=256)
@@ -137,7 +133,7 @@ class MultiTurn(_Section):
     marker: long raw observations fill the context before the episode can finish."""
 
 
-class Harness(_Section):
+class Harness(Section):
     """Everything training-side. Fields are the knobs the proposer may change, one at a time."""
 
     reward_weights: dict[str, float] = Field(default_factory=lambda: {"correct": 1.0, "format": 0.1})

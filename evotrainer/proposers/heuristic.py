@@ -1,44 +1,20 @@
 """The default proposer (no network): findings -> candidate interventions from a catalog of known
-remedies (../shared/reference/rl-trainers.md, failure-mode table), ranked by the skill library's
+remedies (docs/design.md, failure modes and their remedies), ranked by the skill library's
 evidence for the same signature and domain, with a share of candidates kept for knobs this run has
 not tried (exploration). `screen` (proposer.py) then drops duplicates and anything already rejected
 under the same signature."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from evotrainer.diagnostics.detector import Finding
+from evotrainer.envs import domains
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.interventions import Hypothesis, Intervention, knob_value
+from evotrainer.harness.remedies import ACC, DROP_TERM, REWEIGHT_TERM, Remedy, const, scale
 from evotrainer.proposers.moves import moves
 from evotrainer.proposers.proposer import Brief, Proposal, ProposerOutput, intervention_key, screen
-
-
-@dataclass(frozen=True)
-class Remedy:
-    """One catalog entry: a single-factor change, computed from the harness (None: not applicable)."""
-
-    kind: str
-    target: str
-    value: Callable[[Harness, Finding], Any]
-    signal: str
-    direction: str
-    rationale: str
-
-
-def _scale(path: str, factor: float, lo: float, hi: float, integer: bool = False) -> Callable[[Harness, Finding], Any]:
-    def value(h: Harness, f: Finding) -> Any:
-        v = min(max(knob_value(h, path) * factor, lo), hi)
-        return int(round(v)) if integer else float(f"{v:.3g}")
-
-    return value
-
-
-def _const(v: Any) -> Callable[[Harness, Finding], Any]:
-    return lambda h, f: v
 
 
 def _restore_spread(h: Harness, f: Finding) -> Any:
@@ -65,9 +41,9 @@ def _other_tool_policy(h: Harness, f: Finding) -> Any:
     return {"feedback": "end", "end": "mask", "mask": "feedback"}[h.multi_turn.tool_error]
 
 
-ACC = "heldout/accuracy"
-# Finding name -> remedies, most recommended first (rl-trainers.md (c)). Reward-term remedies target
-# the term the finding implicates; see _targets.
+# The core catalog: finding name -> remedies, most recommended first (docs/design.md, failure modes); each
+# domain brings remedies for its own findings (remedies_for). Reward-term remedies target the term the finding
+# implicates; see _targets.
 CATALOG: dict[str, list[Remedy]] = {
     "zero_variance_groups": [
         Remedy(
@@ -100,7 +76,7 @@ CATALOG: dict[str, list[Remedy]] = {
         Remedy(
             "set_knob",
             "sampling.num_generations",
-            _scale("sampling.num_generations", 2, 2, 32, True),
+            scale("sampling.num_generations", 2, 2, 32, True),
             "frac_reward_zero_std",
             "down",
             "larger groups are less often all-correct or all-wrong",
@@ -110,7 +86,7 @@ CATALOG: dict[str, list[Remedy]] = {
         Remedy(
             "set_knob",
             "optimizer.learning_rate",
-            _scale("optimizer.learning_rate", 3.0, 1e-6, 1e-2),
+            scale("optimizer.learning_rate", 3.0, 1e-6, 1e-2),
             ACC,
             "up",
             "reward is flat below its ceiling: the step size may be too small to move the policy",
@@ -118,7 +94,7 @@ CATALOG: dict[str, list[Remedy]] = {
         Remedy(
             "set_knob",
             "sampling.temperature",
-            _scale("sampling.temperature", 1.3, 0.1, 1.5),
+            scale("sampling.temperature", 1.3, 0.1, 1.5),
             ACC,
             "up",
             "more exploration can find rewarded behaviour the policy does not sample yet",
@@ -128,7 +104,7 @@ CATALOG: dict[str, list[Remedy]] = {
         Remedy(
             "set_knob",
             "sampling.max_completion_length",
-            _scale("sampling.max_completion_length", 1.5, 4, 4096, True),
+            scale("sampling.max_completion_length", 1.5, 4, 4096, True),
             "completions/clipped_ratio",
             "down",
             "the cap cuts answers before they finish",
@@ -144,7 +120,7 @@ CATALOG: dict[str, list[Remedy]] = {
         Remedy(
             "add_filter",
             "loss.mask_truncated_completions",
-            _const(True),
+            const(True),
             "completions/clipped_ratio",
             "down",
             "truncated rollouts get a reward that is not about the task; mask them out of the loss",
@@ -188,7 +164,7 @@ CATALOG: dict[str, list[Remedy]] = {
         Remedy(
             "set_knob",
             "sampling.temperature",
-            _scale("sampling.temperature", 1.2, 0.1, 1.5),
+            scale("sampling.temperature", 1.2, 0.1, 1.5),
             "entropy",
             "up",
             "a higher sampling temperature keeps exploration alive",
@@ -198,7 +174,7 @@ CATALOG: dict[str, list[Remedy]] = {
         Remedy(
             "set_knob",
             "optimizer.learning_rate",
-            _scale("optimizer.learning_rate", 0.5, 1e-7, 1e-2),
+            scale("optimizer.learning_rate", 0.5, 1e-7, 1e-2),
             "entropy",
             "down",
             "smaller steps keep the policy from drifting into garbled text",
@@ -206,35 +182,18 @@ CATALOG: dict[str, list[Remedy]] = {
         Remedy(
             "set_knob",
             "sampling.temperature",
-            _scale("sampling.temperature", 0.8, 0.1, 1.5),
+            scale("sampling.temperature", 0.8, 0.1, 1.5),
             "entropy",
             "down",
             "a lower temperature samples fewer garbled tokens",
         ),
     ],
-    "reward_hacking": [
-        Remedy(
-            "remove_reward_term",
-            "reward_weights.{term}",
-            _const(None),
-            ACC,
-            "up",
-            "the term rises while the audit does not: it pays for something other than the task",
-        ),
-        Remedy(
-            "set_reward_weight",
-            "reward_weights.{term}",
-            lambda h, f: float(f"{h.reward_weights.get(f.knobs[0].split('.', 1)[1], 1.0) / 4:.3g}"),
-            ACC,
-            "up",
-            "a smaller weight makes the exploit worth less than solving the task",
-        ),
-    ],
+    "reward_hacking": [DROP_TERM, REWEIGHT_TERM],
     "reward_audit_gap": [
         Remedy(
             "remove_reward_term",
             "reward_weights.{term}",
-            _const(None),
+            const(None),
             ACC,
             "up",
             "rollouts the reward pays fail the audit; the term paying most on them is suspect",
@@ -254,7 +213,7 @@ CATALOG: dict[str, list[Remedy]] = {
         Remedy(
             "set_knob",
             "optimizer.learning_rate",
-            _scale("optimizer.learning_rate", 0.5, 1e-7, 1e-2),
+            scale("optimizer.learning_rate", 0.5, 1e-7, 1e-2),
             "kl",
             "down",
             "ratio and KL spikes follow steps that are too large",
@@ -262,7 +221,7 @@ CATALOG: dict[str, list[Remedy]] = {
         Remedy(
             "set_knob",
             "optimizer.max_grad_norm",
-            _scale("optimizer.max_grad_norm", 0.5, 0.01, 100.0),
+            scale("optimizer.max_grad_norm", 0.5, 0.01, 100.0),
             "grad_norm",
             "down",
             "tighter gradient clipping bounds each update",
@@ -272,7 +231,7 @@ CATALOG: dict[str, list[Remedy]] = {
         Remedy(
             "set_knob",
             "optimizer.max_grad_norm",
-            _scale("optimizer.max_grad_norm", 0.5, 0.01, 100.0),
+            scale("optimizer.max_grad_norm", 0.5, 0.01, 100.0),
             "grad_norm",
             "down",
             "non-finite gradients come from exploding updates",
@@ -290,7 +249,7 @@ CATALOG: dict[str, list[Remedy]] = {
         Remedy(
             "set_knob",
             "multi_turn.max_turns",
-            _scale("multi_turn.max_turns", 1.5, 1, 64, True),
+            scale("multi_turn.max_turns", 1.5, 1, 64, True),
             "turn_cap_ratio",
             "down",
             "episodes hit the turn cap before they can answer",
@@ -307,27 +266,12 @@ CATALOG: dict[str, list[Remedy]] = {
         ),
     ],
 }
-# Graders that score the same thing as a naive term without the exploit's channel: SWE-bench's harness
-# restores the test files before it runs them, so an edited or broken test no longer reads as a pass;
-# the code domain's `correct_not_hardcoded` pays nothing for completions keyed on the visible inputs.
-# A finding names the variants its domain has in its knobs; the first the harness does not pay is used.
-AUDITED_VARIANTS = {
-    "tests": ("tests_restored",),
-    "correct": ("tests_restored", "correct_not_hardcoded"),
-    "visible": ("correct_not_hardcoded",),
-}
-_REGRADE = Remedy(
-    "replace_reward_term",
-    "reward_weights.{term}",
-    _const(None),
-    ACC,
-    "up",
-    "the reward pays for a channel the audit does not back; regrade it so the exploit earns nothing",
-)
-# Exploit findings of the code and SWE domains: close the channel first (regrade), then the generic
-# hacking remedies (drop the term, lower its weight).
-for _name in ("test_tampering", "tests_dropped", "collection_errors", "hardcoded_examples"):
-    CATALOG[_name] = [_REGRADE, *CATALOG["reward_hacking"]]
+
+
+def remedies_for(name: str) -> list[Remedy]:
+    """The catalog's remedies for a finding, then those the registered domains bring for it (envs/domains.py:
+    a domain's exploit findings regrade first, then drop or reweight the term)."""
+    return [*CATALOG.get(name, ()), *domains.remedies().get(name, ())]
 
 
 def _targets(remedy: Remedy, f: Finding) -> list[str]:
@@ -340,7 +284,7 @@ def candidates_for(f: Finding, h: Harness) -> list[Intervention]:
     """The catalog's remedies for a finding, then graded moves of every knob it names (tried after the
     catalog's value, or when the catalog has none for that knob): the search never runs out of moves
     while a finding stands."""
-    out = [iv for r in CATALOG.get(f.name, []) for iv in _remedy(r, f, h)]
+    out = [iv for r in remedies_for(f.name) for iv in _remedy(r, f, h)]
     for path in f.knobs:
         up = next(
             (
@@ -374,7 +318,7 @@ def _remedy(r: Remedy, f: Finding, h: Harness) -> list[Intervention]:
             value = next(
                 (
                     v
-                    for v in AUDITED_VARIANTS.get(term, ())
+                    for v in domains.audited_variants().get(term, ())
                     if f"reward_weights.{v}" in f.knobs and v not in h.reward_weights
                 ),
                 None,

@@ -1,4 +1,4 @@
-"""The sandbox: model-written code runs in a separate, resource-limited process (DESIGN.md invariant 8).
+"""The sandbox: model-written code runs in a separate, resource-limited process (docs/design.md invariant 8).
 The public API; the modules behind it: limits (value types), isolation (layers and command line),
 process (pipes and kills), sandbox (one process), pool (pre-started workers), worker (their source)."""
 

@@ -1,6 +1,6 @@
 """The sandbox: model-written code runs in a separate, resource-limited process with no network, a private
 working directory and, where bubblewrap exists, a filesystem view of only the Python install and that
-directory. The trainer never imports it (DESIGN.md invariant 8).
+directory. The trainer never imports it (docs/design.md invariant 8).
 
 Layers, strongest available first (`mechanisms()` says which are active, and warns once about the rest):
   bwrap     mount + pid + net + ipc + uts namespaces: the job sees /usr, the Python install (read-only)

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import copy
-import io
 import math
 import time
 from pathlib import Path
@@ -14,6 +13,7 @@ import torch
 
 from evotrainer.harness.harness import Harness, Optimizer
 from evotrainer.policies.hf import HFPolicy
+from evotrainer.training.optimizer import load_optimizer_state, make_optimizer, save_checkpoint
 from evotrainer.training.packing import pack, pack_logprobs
 from evotrainer.training.rollout import Episode
 
@@ -58,9 +58,7 @@ class GRPOTrainer:
     def __init__(self, policy: HFPolicy, harness: Harness, reference: str | Path | None = None):
         self.policy = policy
         self.harness = harness
-        params = [p for p in policy.model.parameters() if p.requires_grad]
-        o = harness.optimizer
-        self.optimizer = torch.optim.AdamW(params, lr=o.learning_rate, betas=(0.9, 0.99), weight_decay=o.weight_decay)
+        self.optimizer = make_optimizer(policy, harness.optimizer)
         self.ref = None
         if harness.loss.beta > 0:
             ref = (
@@ -73,12 +71,10 @@ class GRPOTrainer:
     def save(self, path: str | Path) -> None:
         """Policy checkpoint plus optimizer state, swapped in together and on disk when this returns (a
         ledger row may point at it next; a fork copies both)."""
-        self.policy.save(path, extra_files={"optimizer.pt": _state_bytes(self.optimizer.state_dict())})
+        save_checkpoint(self.policy, self.optimizer, path)
 
     def load_optimizer(self, path: str | Path) -> None:
-        f = Path(path) / "optimizer.pt"
-        if f.exists():
-            self.optimizer.load_state_dict(torch.load(f, weights_only=True))
+        load_optimizer_state(self.optimizer, path)
         # load_state_dict also restores the saved param-group settings; the harness owns those
         # (a forked branch with a new learning rate must train with it, not with its parent's).
         self.set_step(None)
@@ -256,12 +252,6 @@ def lr_factor(o: Optimizer, step: int) -> float:
     t = min(max(step - o.warmup_steps, 0) / max(o.decay_steps - o.warmup_steps, 1), 1.0)
     shape = 1.0 - t if o.lr_decay == "linear" else 0.5 * (1.0 + math.cos(math.pi * t))
     return warm * (o.min_lr_ratio + (1.0 - o.min_lr_ratio) * shape)
-
-
-def _state_bytes(state: dict) -> bytes:
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    return buf.getvalue()
 
 
 def _microbatches(live: list[int], episodes: list[Episode]) -> list[list[int]]:

@@ -6,7 +6,6 @@ from the native trainer's. Also the backend switch: make_trainer and run_steps s
 
 from __future__ import annotations
 
-import io
 import random
 import tempfile
 import time
@@ -15,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from torch.optim.lr_scheduler import LambdaLR
 from transformers import PrinterCallback, TrainerCallback
 
@@ -28,6 +26,7 @@ from evotrainer.harness.harness import Harness
 from evotrainer.policies.hf import HFPolicy
 from evotrainer.store.rollouts import RolloutStore
 from evotrainer.training.grpo import GRPOTrainer, lr_factor
+from evotrainer.training.optimizer import load_optimizer_state, make_optimizer, save_checkpoint
 from evotrainer.training.rollout import Episode
 from evotrainer.training.segment import (
     Batch,
@@ -121,12 +120,6 @@ def stop_token_ids(tokenizer, stop: tuple[str, ...]) -> list[int]:
     return out
 
 
-def _state_bytes(state: dict) -> bytes:
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    return buf.getvalue()
-
-
 class TRLTrainer:
     """trl.GRPOTrainer behind our trainer's face. It owns the optimizer (AdamW as the native trainer's, so
     optimizer.pt is the same file for both backends) and the schedule, and saves our checkpoint layout."""
@@ -146,17 +139,16 @@ class TRLTrainer:
         self.reference, self.trl_args = reference, dict(trl_args or {})
         self.eos_ids = list(dict.fromkeys([policy.eos_id, *stop_token_ids(policy.tokenizer, domain.stop)]))
         o = harness.optimizer
-        params = [p for p in policy.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=o.learning_rate, betas=(0.9, 0.99), weight_decay=o.weight_decay)
-        if start is not None and (f := Path(start) / "optimizer.pt").exists():
-            self.optimizer.load_state_dict(torch.load(f, weights_only=True))
+        self.optimizer = make_optimizer(policy, o)
+        if start is not None:
+            load_optimizer_state(self.optimizer, start)
         for g in self.optimizer.param_groups:  # the harness owns these, not the checkpoint forked from
             g["lr"] = g["initial_lr"] = o.learning_rate
             g["weight_decay"] = o.weight_decay
 
     def save(self, path: str | Path) -> None:
         """Policy checkpoint plus optimizer state, as GRPOTrainer.save writes them."""
-        self.policy.save(path, extra_files={"optimizer.pt": _state_bytes(self.optimizer.state_dict())})
+        save_checkpoint(self.policy, self.optimizer, path)
 
     def train(
         self,

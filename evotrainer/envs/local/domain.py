@@ -1,6 +1,6 @@
 """The local dataset domain: rows of a JSONL, Parquet or `datasets` directory as single-turn tasks with
-seeded, disjoint train / held-out splits, the math domain's tagged answer and reward terms, and a strict
-evaluator-owned audit by math-verify or exact match."""
+seeded, disjoint train / held-out splits, the tagged answer and reward terms of single-turn domains
+(single_turn.py), and a strict evaluator-owned audit by math-verify or exact match."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from evotrainer.envs.local.config import LocalConfig
-from evotrainer.envs.math.domain import MathEnv, format_reward, math_verify_score, prompt_text
-from evotrainer.types import Task, Turn
+from evotrainer.envs.single_turn import SingleTurnDomain, format_reward, prompt_text
+from evotrainer.types import Task
 
 # The audit's strict parser: the whole action is one answer tag (any answer, not only a number).
 STRICT_RE = re.compile(r"\s*<answer>((?:(?!</?answer>).)*)</answer>\s*", re.DOTALL)
@@ -103,9 +103,9 @@ def split_rows(
     return held, train
 
 
-class LocalDomain:
+class LocalDomain(SingleTurnDomain):
     name = "local"
-    stop = ("</answer>",)
+    strict = STRICT_RE
     evaluator_packages = ("math-verify",)
 
     @classmethod
@@ -153,24 +153,5 @@ class LocalDomain:
     def tasks(self, split: str) -> list[Task]:
         return self._splits[split]
 
-    def make_env(self) -> MathEnv:
-        return MathEnv()
-
-    def demonstration(self, task: Task, rng: random.Random) -> list[tuple[str, bool]]:
-        return [(task.prompt, False), (f"<answer>{task.data['answer']}</answer>", True)]
-
-    def score(self, task: Task, answer: str | None) -> float:
-        if answer is None:
-            return 0.0
-        if self.scorer == "exact":
-            return 1.0 if answer.strip() == task.data["answer"] else 0.0
-        return math_verify_score(task.data["answer"], answer)
-
-    def correct(self, task: Task, turns: list[Turn], info: dict[str, Any]) -> float:
-        return self.score(task, info.get("answer"))
-
-    def audit(self, task: Task, turns: list[Turn], info: dict[str, Any]) -> bool:
-        if len(turns) != 1:
-            return False
-        m = STRICT_RE.fullmatch(turns[0].action)
-        return bool(m) and self.score(task, m.group(1).strip()) == 1.0
+    def own_score(self, task: Task, answer: str) -> float:  # scorer `exact`
+        return 1.0 if answer.strip() == task.data["answer"] else 0.0

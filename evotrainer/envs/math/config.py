@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from evotrainer.envs.config import DomainConfig
+from evotrainer.section import Section
 
 
-class MathDataset(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class MathDataset(Section):
     name: str = "chain_sum"
     """reasoning-gym dataset name."""
     weight: float = Field(1.0, gt=0.0)

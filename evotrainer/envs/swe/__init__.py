@@ -1,3 +1,28 @@
 """The SWE domain: fix a seeded bug in a generated mini-repository with tools (config.py, domain.py;
 repos.py generates repositories, runner.py runs their tests, demos.py scripts demonstrations,
-detectors.py flags test tampering)."""
+detectors.py flags test tampering). Registered as DOMAIN (envs/domains.py)."""
+
+from evotrainer.envs.domains import DetectorDefaults, DomainSpec
+from evotrainer.envs.swe import detectors
+from evotrainer.envs.swe.config import SweConfig
+from evotrainer.harness.remedies import EXPLOIT_REMEDIES
+
+DOMAIN = DomainSpec(
+    "swe",
+    SweConfig,
+    detectors={
+        "test_tampering": DetectorDefaults(
+            detectors.tampered_tests, {"max_fraction": 0.02, "min_rollouts": 16, "paid_only": 1.0}
+        ),
+        "collection_errors": DetectorDefaults(
+            detectors.collection_errors, {"max_fraction": 0.05, "min_rollouts": 16, "paid_only": 1.0}
+        ),
+        "tests_dropped": DetectorDefaults(
+            detectors.dropped_tests, {"max_fraction": 0.02, "min_rollouts": 16, "paid_only": 1.0}
+        ),
+    },
+    remedies={name: EXPLOIT_REMEDIES for name in ("test_tampering", "tests_dropped", "collection_errors")},
+    # SWE-bench's harness restores the test files before it runs them, so an edited or broken test no longer
+    # reads as a pass: `tests_restored` scores the visible tests that way.
+    audited_variants={"tests": ("tests_restored",), "correct": ("tests_restored",)},
+)

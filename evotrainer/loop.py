@@ -19,6 +19,7 @@ from rich.console import Console
 from evotrainer.backtest import gate
 from evotrainer.backtest.trial import RESULT, ArmResult
 from evotrainer.config import RunConfig
+from evotrainer.ids import branch_id
 from evotrainer.report import write_report
 from evotrainer.report.console import Narrator
 from evotrainer.stages import decide, evidence, race, retention, search, start
@@ -38,7 +39,6 @@ from evotrainer.stages.results import (
 )
 from evotrainer.store.damage import mend
 from evotrainer.store.files import atomic_write_json
-from evotrainer.types import branch_id
 
 R = TypeVar("R", bound=BaseModel)
 _stop_signal = 0  # a signal's number once the CLI's handler has asked the run to stop; 0 while it runs

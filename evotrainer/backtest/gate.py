@@ -16,6 +16,7 @@ from evotrainer.diagnostics.detector import Finding
 from evotrainer.diagnostics.suite import Suite
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.rewards import total_reward
+from evotrainer.ids import GATE, shard_id
 from evotrainer.store.files import sql_str
 from evotrainer.store.rollouts import RolloutStore
 
@@ -188,7 +189,7 @@ def arm_evidence(
     a candidate's own reward is not comparable with the control's (a length penalty climbs as
     completions shorten), so the rise and the reward-audit gap are measured in the same units on both."""
     findings = suite.run(store, branch, first, last)
-    store.append_findings(findings, suite.version, f"{branch}-g{last:06d}", branch, first, last)
+    store.append_findings(findings, suite.version, shard_id(branch, last, GATE), branch, first, last)
     cols = load_columns(
         store,
         list(shared.reward_weights),

@@ -100,6 +100,7 @@ def _no_space(run_dir: Path, filename: str | None) -> str:
 
 
 def _status_table(run: Path) -> Table:
+    from evotrainer.ids import branch_id
     from evotrainer.stages.results import PromoteResult
     from evotrainer.stages.retention import disk_use
     from evotrainer.stages.spend import lineage, spend
@@ -130,9 +131,9 @@ def _status_table(run: Path) -> Table:
             "mainline",
             f"{head.branch} step {head.step}, gate accuracy {acc[0]['heldout_accuracy']:.3f}"
             if head and acc and acc[0]["heldout_accuracy"] is not None
-            else "base",
+            else branch_id(0, "base"),
         )
-        share = spend(ledger, lineage(ledger, head.branch if head else "base"))
+        share = spend(ledger, lineage(ledger, head.branch if head else branch_id(0, "base")))
         t.add_row("discarded arms", f"{share.step_share:.0%} of training steps, {share.token_share:.0%} of arm tokens")
         disk = disk_use(ledger, run)
         t.add_row(

@@ -11,13 +11,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from evotrainer.ids import branch_id
 from evotrainer.stages.results import stage_results
 from evotrainer.stages.retention import disk_use
 from evotrainer.store.checkpoints import human
 from evotrainer.store.files import atomic_write_text, sql_list
 from evotrainer.store.ledger import Ledger
 from evotrainer.store.rollouts import RolloutStore
-from evotrainer.types import branch_id
 
 CSS = (
     "body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}\n"

@@ -18,6 +18,7 @@ from evotrainer.backtest.trial import ArmResult, ArmSpec
 from evotrainer.config import RunConfig
 from evotrainer.envs.env import Domain
 from evotrainer.harness.harness import Harness
+from evotrainer.ids import branch_id
 from evotrainer.proposers.proposer import Proposer
 from evotrainer.skills.library import SkillLibrary
 from evotrainer.stages.results import BranchRecord
@@ -64,7 +65,7 @@ class RunContext:
             first_step=first,
             steps=steps,
             gate_ids=tuple(self.gate_ids) if gate else None,
-            reference=str(self.run_dir / "checkpoints" / "base"),
+            reference=str(self.run_dir / "checkpoints" / branch_id(0, "base")),
         )
 
 

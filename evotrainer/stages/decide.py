@@ -14,6 +14,7 @@ from evotrainer.backtest.trial import ArmResult
 from evotrainer.diagnostics.detector import Finding
 from evotrainer.diagnostics.suite import Suite
 from evotrainer.harness.harness import Harness, save_harness
+from evotrainer.ids import EVAL, branch_id, rollout_id, trial_id
 from evotrainer.proposers.proposer import Proposal
 from evotrainer.skills.library import Evidence
 from evotrainer.stages.context import RunContext, StageRecords, arm_charge
@@ -28,7 +29,6 @@ from evotrainer.stages.results import (
     VerdictLine,
 )
 from evotrainer.stages.start import expect_evaluator
-from evotrainer.types import branch_id, trial_id
 
 Survivor = tuple[Proposal, "dict[str, Any] | None"]  # a proposal that reaches a trial, with its replay
 
@@ -290,11 +290,12 @@ def findings_of(ctx: RunContext, branch: str, last: int) -> list[Finding]:
 
 
 def disagreements(cand: ArmResult, control: ArmResult, gate_ids: list[str], n: int = 5) -> dict[str, list[str]]:
-    """Held-out rollout ids where the arms disagree, both sides, so a reader can open the trajectories."""
+    """Held-out rollout ids where the arms disagree, both sides, so a reader can open the trajectories. An arm's
+    gate tasks are evaluated in gate_ids' order, so a task's place there is its rollout's index."""
     index = {t: i for i, t in enumerate(gate_ids)}
 
     def rid(arm: ArmResult, task: str) -> str:
-        return f"{arm.branch}-e{arm.last_step:06d}-{index[task]:04d}"
+        return rollout_id(arm.branch, arm.last_step, index[task], EVAL)
 
     won = [t for t in gate_ids if cand.outcomes.get(t) and not control.outcomes.get(t)][:n]
     lost = [t for t in gate_ids if control.outcomes.get(t) and not cand.outcomes.get(t)][:n]

@@ -8,10 +8,10 @@ from evotrainer.backtest.trial import ArmResult
 from evotrainer.diagnostics.detector import Finding
 from evotrainer.diagnostics.revision import PastVerdict, revise
 from evotrainer.diagnostics.suite import Suite
+from evotrainer.ids import DIAGNOSIS, REVISION, branch_id, shard_id
 from evotrainer.stages.context import RunContext, StageRecords, arm_charge, tokens_left
 from evotrainer.stages.results import BranchRecord, DiagnoseResult, Mainline, ReviseResult
 from evotrainer.store.ledger import Ledger
-from evotrainer.types import branch_id
 
 
 def train(ctx: RunContext, rnd: int, head: Mainline) -> tuple[ArmResult, StageRecords]:
@@ -43,7 +43,7 @@ def diagnose(ctx: RunContext, suite: Suite, seg: ArmResult) -> tuple[DiagnoseRes
     """The suite over the segment's window; the findings are stored (they are evidence)."""
     found = suite.run(ctx.store, seg.branch, seg.first_step, seg.last_step)
     ctx.store.append_findings(
-        found, suite.version, f"{seg.branch}-d{seg.last_step:06d}", seg.branch, seg.first_step, seg.last_step
+        found, suite.version, shard_id(seg.branch, seg.last_step, DIAGNOSIS), seg.branch, seg.first_step, seg.last_step
     )
     return DiagnoseResult(findings=found), StageRecords()
 
@@ -63,7 +63,12 @@ def revise_suite(ctx: RunContext, suite: Suite, seg: ArmResult) -> tuple[ReviseR
             f for f in new.run(ctx.store, seg.branch, seg.first_step, seg.last_step) if f.name not in suite.detectors
         ]
         ctx.store.append_findings(
-            extra, new.version, f"{seg.branch}-v{seg.last_step:06d}", seg.branch, seg.first_step, seg.last_step
+            extra,
+            new.version,
+            shard_id(seg.branch, seg.last_step, REVISION),
+            seg.branch,
+            seg.first_step,
+            seg.last_step,
         )
     return ReviseResult(
         suite=new if accepted else suite,

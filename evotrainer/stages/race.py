@@ -11,13 +11,13 @@ from __future__ import annotations
 from evotrainer.backtest import gate
 from evotrainer.backtest.statistics import Pair
 from evotrainer.backtest.trial import ArmResult, ArmSpec
+from evotrainer.ids import branch_id
 from evotrainer.stages.context import RunContext, StageRecords, arm_charge
 from evotrainer.stages.noise import bank_noise
 from evotrainer.stages.results import BranchRecord, Mainline, TrialResult
 from evotrainer.stages.spend import lineage, spend
 from evotrainer.stages.start import over_budget
 from evotrainer.store.ledger import Charge
-from evotrainer.types import branch_id
 
 SEED_STRIDE = 7919
 _SEED_SLOT = {"control": 0, "aa": 100, "control_replicate": 200}

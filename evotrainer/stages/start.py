@@ -18,6 +18,7 @@ from evotrainer.errors import ConfigError, EvaluatorChanged
 from evotrainer.evaluation import evaluate, evaluator_identity, identity_hash, record_eval, what_changed
 from evotrainer.harness.harness import save_harness
 from evotrainer.harness.rewards import check_terms
+from evotrainer.ids import branch_id, final_branch
 from evotrainer.policies import check_device, check_policy_path, load_policy, placement
 from evotrainer.policies.hf import HFPolicy
 from evotrainer.proposers.heuristic import HeuristicProposer
@@ -35,7 +36,6 @@ from evotrainer.training.grpo import GRPOTrainer
 from evotrainer.training.run import seed_everything
 from evotrainer.training.segment import StepContext
 from evotrainer.training.trl_backend import check_trl
-from evotrainer.types import branch_id
 
 
 def check_budget(cfg: RunConfig) -> None:
@@ -192,13 +192,14 @@ def start(ctx: RunContext, say: Any) -> tuple[StartResult, StageRecords]:
     t0 = time.perf_counter()
     policy = load_policy(cfg, ctx.domain, log=say)
     warm = time.perf_counter() - t0
-    ckpt = ctx.run_dir / "checkpoints" / "base"
+    base = branch_id(0, "base")
+    ckpt = ctx.run_dir / "checkpoints" / base
     GRPOTrainer(policy, cfg.harness).save(ckpt)
     ev = evaluate(policy, ctx.domain, ctx.heldout(ctx.final_ids), cfg.eval)
-    record_eval(ctx.store, cfg, ctx.domain, ev, 0, StepContext(cfg.run.name, "base", cfg.run.seed))
+    record_eval(ctx.store, cfg, ctx.domain, ev, 0, StepContext(cfg.run.name, base, cfg.run.seed))
     save_harness(ctx.run_dir, cfg.harness)
     suite = Suite.default()
-    head = Mainline(branch=branch_id(0, "base"), checkpoint=str(ckpt), harness=cfg.harness, suite=suite, step=0)
+    head = Mainline(branch=base, checkpoint=str(ckpt), harness=cfg.harness, suite=suite, step=0)
     row = BranchRecord(
         id=head.branch,
         parent=None,
@@ -234,7 +235,7 @@ def final(ctx: RunContext, head: Mainline, stop_reason: str, rounds: int) -> tup
         ctx.domain,
         ev,
         head.step,
-        StepContext(cfg.run.name, f"final-{head.branch}", cfg.run.seed),
+        StepContext(cfg.run.name, final_branch(head.branch), cfg.run.seed),
     )
     return (
         FinalResult(

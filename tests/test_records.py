@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from evotrainer.ids import EVAL, GATE, TRAIN, branch_id, group_id, parse_shard, rollout_id, shard_id, trial_id
+from evotrainer.stages.race import arm_seed
+from evotrainer.stages.results import SEED_STRIDE, Mainline
 
 
 def test_ids_are_built_in_one_scheme_and_parsed_back():
@@ -15,3 +17,9 @@ def test_ids_are_built_in_one_scheme_and_parsed_back():
     assert parse_shard("r01-seg-s000003") == ("r01-seg", 3, TRAIN)
     assert parse_shard("main-000001-000005-s1") is None  # `evotrainer diagnose`'s window files are no shards
     assert (branch_id(2, "replicate", 1), trial_id(2, 1)) == ("r02-c1r", "r02-t1")
+
+
+def test_one_seed_stride_separates_arms_and_attempts():
+    head = Mainline.model_construct(attempt=1)
+    assert head.seed(5) == 5 + SEED_STRIDE * 1000
+    assert arm_seed(5, "candidate", 2) - arm_seed(5, "control") == 3 * SEED_STRIDE

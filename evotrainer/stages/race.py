@@ -14,12 +14,11 @@ from evotrainer.backtest.trial import ArmResult, ArmSpec
 from evotrainer.ids import branch_id
 from evotrainer.stages.context import RunContext, StageRecords, arm_charge
 from evotrainer.stages.noise import bank_noise
-from evotrainer.stages.results import BranchRecord, Mainline, TrialResult
+from evotrainer.stages.results import SEED_STRIDE, BranchRecord, Mainline, TrialResult
 from evotrainer.stages.spend import lineage, spend
 from evotrainer.stages.start import over_budget
 from evotrainer.store.ledger import Charge
 
-SEED_STRIDE = 7919
 _SEED_SLOT = {"control": 0, "aa": 100, "control_replicate": 200}
 
 

@@ -15,6 +15,10 @@ from evotrainer.harness.harness import Harness
 from evotrainer.harness.interventions import Intervention
 from evotrainer.proposers.proposer import Proposal
 
+SEED_STRIDE = 7919
+"""A prime between a run's seed families: the arms of a round (race.arm_seed) and the attempts at a round
+(Mainline.seed), so no two draw the same tasks and sampling noise."""
+
 
 class Record(BaseModel):
     # Records are read back from ledgers of older versions: keys a later version dropped are ignored;
@@ -40,7 +44,7 @@ class Mainline(Record):
 
     def seed(self, base: int) -> int:
         """The seed the round's segment and arms derive theirs from."""
-        return base + 7919 * 1000 * self.attempt
+        return base + SEED_STRIDE * 1000 * self.attempt
 
     def at(self, branch: str, checkpoint: str, step: int) -> Mainline:
         """The mainline moved to another checkpoint (a fresh start: no rollback to it yet)."""

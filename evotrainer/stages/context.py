@@ -9,12 +9,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from pydantic import BaseModel
 
 from evotrainer.backtest.executors import Executor
 from evotrainer.backtest.trial import ArmResult, ArmSpec
+from evotrainer.backtest.verdict import TrialRecord, VerdictRecord
 from evotrainer.config import RunConfig
 from evotrainer.envs.env import Domain
 from evotrainer.harness.harness import Harness
@@ -80,8 +81,8 @@ class StageRecords:
     """What a stage writes to the ledger besides its result, in the same transaction."""
 
     branches: list[BranchRecord] = field(default_factory=list)
-    trials: list[dict[str, Any]] = field(default_factory=list)
-    verdicts: list[dict[str, Any]] = field(default_factory=list)
+    trials: list[TrialRecord] = field(default_factory=list)
+    verdicts: list[VerdictRecord] = field(default_factory=list)
     charges: dict[str, Charge] = field(default_factory=dict)
     uncharged_seconds: float = 0.0
     """Seconds of the stage outside the loop's budget (the one-time, cached warm start)."""
@@ -106,8 +107,8 @@ def run_stage(ctx: RunContext, rnd: int, name: str, model: type[R], work: Callab
         result.model_dump(mode="json"),
         charges=charges,
         branches=[b.model_dump() for b in records.branches],
-        trials=records.trials,
-        verdicts=records.verdicts,
+        trials=[t.model_dump(mode="json") for t in records.trials],
+        verdicts=[v.model_dump(mode="json", exclude={"decided"}) for v in records.verdicts],
     )
     if ctx.tracking is not None:
         ctx.tracking.sync(ctx.ledger, ctx.store)

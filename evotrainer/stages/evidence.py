@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, replace
 
 from evotrainer.backtest.trial import ArmResult
+from evotrainer.backtest.verdict import read_trials, read_verdicts
 from evotrainer.diagnostics.detector import Finding
 from evotrainer.diagnostics.revision import PastVerdict, revise
 from evotrainer.diagnostics.suite import Suite
@@ -83,11 +84,11 @@ def revise_suite(ctx: RunContext, suite: Suite, seg: ArmResult) -> tuple[ReviseR
 def past_verdicts(ledger: Ledger) -> list[PastVerdict]:
     """Every verdict of the run, as the window of the candidate it judged: what a revision is backtested on."""
     branches = {b["id"]: b for b in ledger.branches()}
-    trials = {t["id"]: t for t in ledger.trials()}
+    trials = {t.id: t for t in read_trials(ledger)}
     out = []
-    for v in ledger.verdicts():
-        b = branches[trials[v["trial"]]["candidate"]]
-        out.append(PastVerdict(b["id"], b["first_step"], b["last_step"], v["decision"], tuple(v["reasons"])))
+    for v in read_verdicts(ledger):
+        b = branches[trials[v.trial].candidate]
+        out.append(PastVerdict(b["id"], b["first_step"], b["last_step"], v.decision, tuple(v.reasons)))
     return out
 
 

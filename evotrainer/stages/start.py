@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from evotrainer.backtest.executors import make_executor
+from evotrainer.backtest.verdict import read_verdicts
 from evotrainer.config import RunConfig, dump_config
 from evotrainer.diagnostics.suite import Suite
 from evotrainer.envs.registry import make_domain
@@ -248,7 +249,7 @@ def final(ctx: RunContext, head: Mainline, stop_reason: str, rounds: int) -> tup
 def summary(ctx: RunContext, started: StartResult, done: FinalResult) -> dict[str, Any]:
     """summary.json: the run's outcome, its verdicts and its spend."""
     ledger = ctx.ledger
-    verdicts = ledger.verdicts()
+    verdicts = read_verdicts(ledger)
     disk = disk_use(ledger, ctx.run_dir)
     gates = [
         (r["round"], GateResult.model_validate_json(r["result"]))
@@ -263,8 +264,8 @@ def summary(ctx: RunContext, started: StartResult, done: FinalResult) -> dict[st
         "final_accuracy": done.accuracy,
         "evaluator_hash": done.evaluator_hash,
         "harness_version": done.head.harness.version,
-        "promoted": [v["trial"] for v in verdicts if v["decision"] == "promote"],
-        "rejected": [v["trial"] for v in verdicts if v["decision"] == "reject"],
+        "promoted": [v.trial for v in verdicts if v.decision == "promote"],
+        "rejected": [v.trial for v in verdicts if v.decision == "reject"],
         # Controls (the harness carried on) rejected for an exploit their own window carries.
         "rejected_controls": [
             {"branch": branch_id(rnd, "control"), "reasons": g.control_rejected}

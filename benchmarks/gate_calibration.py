@@ -215,7 +215,7 @@ def real_null_trial(cfg: RunConfig, work: Path, i: int, k: int) -> dict:
     from evotrainer.stages import decide, start
     from evotrainer.stages import race as race_stage
     from evotrainer.stages.context import run_stage
-    from evotrainer.stages.results import GateResult, StartResult, TrialResult
+    from evotrainer.stages.results import GateResult, StartResult, Survivor, TrialResult
 
     # Without an overlong buffer the overlong penalty's factor changes nothing: a null intervention.
     null = Intervention(
@@ -248,7 +248,7 @@ def real_null_trial(cfg: RunConfig, work: Path, i: int, k: int) -> dict:
         trained_tokens=0,
         seconds=0.0,
     )
-    survivors = [(Proposal(null.bind(head.harness), "explore"), None) for _ in range(k)]
+    survivors = [Survivor(Proposal(null.bind(head.harness), "explore"), None) for _ in range(k)]
     tried = run_stage(ctx, 1, "trial", TrialResult, lambda: race_stage.trial(ctx, 1, head, seg, survivors, []))
     gated = run_stage(
         ctx, 1, "gate", GateResult, lambda: decide.gate_stage(ctx, 1, head, head.suite, tried, survivors, [])

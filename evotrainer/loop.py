@@ -19,6 +19,7 @@ from rich.console import Console
 from evotrainer.backtest import gate
 from evotrainer.backtest.trial import RESULT, ArmResult
 from evotrainer.config import RunConfig
+from evotrainer.ids import branch_id
 from evotrainer.report import write_report
 from evotrainer.report.console import Narrator
 from evotrainer.stages import decide, evidence, race, retention, search, start
@@ -38,7 +39,6 @@ from evotrainer.stages.results import (
 )
 from evotrainer.store.damage import mend
 from evotrainer.store.files import atomic_write_json
-from evotrainer.types import branch_id
 
 R = TypeVar("R", bound=BaseModel)
 _stop_signal = 0  # a signal's number once the CLI's handler has asked the run to stop; 0 while it runs
@@ -133,7 +133,7 @@ def run_round(ctx: RunContext, tell: Narrator, rnd: int, head: Mainline) -> tupl
     replayed = stage(
         ctx, rnd, "replay", ReplayResult, lambda: search.replay_stage(ctx, harness, proposals, findings, seg.branch)
     )
-    survivors = [(proposals[k.index], k.replay) for k in replayed.kept]
+    survivors = replayed.survivors(proposals)
     tell.replay(replayed, proposals)
     # -- 6. trial: control, candidates and (when due) the A-A control, from one checkpoint ---------------------
     # A segment whose own window carries a validity finding is not built on: the arms fork from where the
@@ -154,7 +154,7 @@ def run_round(ctx: RunContext, tell: Narrator, rnd: int, head: Mainline) -> tupl
         GateResult,
         lambda: decide.gate_stage(ctx, rnd, head, suite, tried, survivors, proposed.signature),
     )
-    tell.gate(gated, [p for p, _ in survivors], branch_id(rnd, "control"))
+    tell.gate(gated, [s.proposal for s in survivors], branch_id(rnd, "control"))
     # -- 8. promote: at most one winner; else the control carries on; else roll back -----------------------------
     promoted = stage(
         ctx, rnd, "promote", PromoteResult, lambda: decide.promote(ctx, rnd, head, suite, tried, gated, survivors)

@@ -85,9 +85,9 @@ def test_planted_loophole_branch_is_rejected_by_the_gate(tmp_path, math_setup):
     )
     late, early = terms
     assert late["c"] - early["c"] > 0.05 and late["a"] - early["a"] < 0.05, (early, late)
-    stat: dict = {}
-    reasons = gate.validity_reasons(ev_c, ev_k, stat)
-    assert reasons, stat  # rejected for what it is, whatever its held-out score
+    figures, reasons = gate.validity_reasons(ev_c, ev_k)
+    assert reasons, figures  # rejected for what it is, whatever its held-out score
+    assert (figures.reward_rise_candidate, figures.gap_candidate) == (ev_c.reward_rise, ev_c.gap)
     cited = {i for f in ev_c.findings if f.validity for i in f.evidence}
     hack_ids = {r["id"] for r in store.sql("SELECT id FROM rollouts WHERE branch = 'hack' AND split = 'train'")}
     assert cited <= hack_ids

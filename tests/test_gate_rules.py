@@ -82,16 +82,14 @@ def test_a_remedy_for_an_exploiting_control_is_tested_under_its_own_harness_nois
     _, reasons = gate.two_stage(*big, 1, none, 0.95)
     assert reasons == ["no_valid_noise_estimate"]
     stat, reasons = gate.two_stage(*big, 1, gate.finalist_noise(none, own)[0], 0.95)
-    assert reasons == [] and stat["p"] < 1e-4
+    assert reasons == [] and stat.p < 1e-4
     # The stand-in is a noise estimate, not a pass: a small lead is still no supported gain under it, and a
     # wide spread between the finalist's own runs makes the test stricter.
     _, reasons = gate.two_stage(Pair(9, 5, 120), Pair(8, 5, 120), 1, own, 0.95)
     assert reasons == ["no_supported_gain"]
     wide = noise_of([Pair(30, 2, 120)], gate.BASE_DOF)
-    assert (
-        wide.phi > own.phi
-        and gate.two_stage(Pair(20, 8, 120), Pair(18, 7, 120), 1, wide, 0.95)[0]["p"]
-        > (gate.two_stage(Pair(20, 8, 120), Pair(18, 7, 120), 1, own, 0.95)[0]["p"])
+    assert wide.phi > own.phi and gate.two_stage(Pair(20, 8, 120), Pair(18, 7, 120), 1, wide, 0.95)[0].p > (
+        gate.two_stage(Pair(20, 8, 120), Pair(18, 7, 120), 1, own, 0.95)[0].p
     )
 
 
@@ -110,11 +108,11 @@ def test_beside_an_exploiting_control_a_remedy_must_beat_where_the_round_started
     dead = outcomes(set())  # the exploiting control and its replicate: 0.00
     planted = (outcomes(set(range(10))), outcomes(set(range(54))))  # 0.08, 0.45: nested in start's
     stat, reasons = gate.confirmed(planted, (dead, dead), None, 1, own, 0.95)
-    assert reasons == [] and stat["delta"] > 0.4  # what comparing with the exploit promoted
+    assert reasons == [] and stat.delta > 0.4  # what comparing with the exploit promoted
     stat, reasons = gate.confirmed(planted, (dead, dead), start, 1, own, 0.95)
-    assert "no_supported_gain" in reasons and stat["delta"] < 0 and stat["start_accuracy"] == 104 / 120
+    assert "no_supported_gain" in reasons and stat.delta < 0 and stat.start_accuracy == 104 / 120
     code_start = outcomes(set(range(82)))  # 0.68
     regrade = (outcomes(set(range(96))), outcomes(set(range(95))))  # 0.80, 0.79
     ctl = outcomes(set(range(64)))  # 0.53
     stat, reasons = gate.confirmed(regrade, (ctl, ctl), code_start, 1, own, 0.95)
-    assert reasons == [] and stat["against"].startswith("the round's starting policy")
+    assert reasons == [] and stat.against.startswith("the round's starting policy")

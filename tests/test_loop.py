@@ -14,13 +14,13 @@ from conftest import small_config
 from evotrainer.envs.registry import make_domain
 from evotrainer.errors import ConfigError
 from evotrainer.evaluation import evaluate, evaluator_hash
+from evotrainer.ids import EVAL, TRAIN, branch_id, parse_shard, rollout_id, shard_id
 from evotrainer.loop import run_loop
 from evotrainer.policies.hf import HFPolicy
 from evotrainer.stages.context import split_heldout
 from evotrainer.stages.results import read_stage
 from evotrainer.store.ledger import STAGES, Ledger
 from evotrainer.store.rollouts import RolloutStore
-from evotrainer.types import branch_id
 
 
 def loop_config(tmp, **sections):
@@ -115,6 +115,18 @@ def test_verdicts_carry_statistic_noise_findings_budget_and_evaluator_hash(loop_
             assert set(side) <= ids  # verdicts cite rollouts that exist
     for f in store.sql("SELECT evidence FROM findings"):
         assert set(f["evidence"]) <= ids
+
+
+def test_every_store_file_and_rollout_is_named_by_the_id_scheme(loop_run):
+    _, run_dir, _ = loop_run
+    store = RolloutStore(run_dir / "store")
+    for d in (store.rollout_dir, store.metric_dir, store.finding_dir):
+        for f in d.glob("*.parquet"):
+            assert shard_id(*parse_shard(f.stem)) == f.stem
+    for r in store.sql("SELECT id, branch, step, split FROM rollouts"):
+        kind = EVAL if r["split"] == "heldout" else TRAIN
+        i = int(r["id"].removeprefix(shard_id(r["branch"], r["step"], kind) + "-"))
+        assert r["id"] == rollout_id(r["branch"], r["step"], i, kind)
 
 
 def test_budget_is_charged_per_stage_and_the_mainline_follows_the_gate(loop_run):

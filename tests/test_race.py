@@ -189,7 +189,7 @@ def test_a_finalist_is_confirmed_beside_a_control_replicate_and_promoted(tmp_pat
     from evotrainer.stages import decide, start
     from evotrainer.stages import race as race_stage
     from evotrainer.stages.context import run_stage
-    from evotrainer.stages.results import GateResult, StartResult, TrialResult
+    from evotrainer.stages.results import GateResult, StartResult, Survivor, TrialResult
 
     cfg = small_config(
         tmp_path,
@@ -223,7 +223,7 @@ def test_a_finalist_is_confirmed_beside_a_control_replicate_and_promoted(tmp_pat
         value=3e-3,
         hypothesis=Hypothesis(finding="explore", signal="heldout/accuracy", direction="up"),
     )
-    survivors = [(Proposal(sane.bind(head.harness), "explore"), None)]
+    survivors = [Survivor(Proposal(sane.bind(head.harness), "explore"), None)]
     tried = run_stage(ctx, 1, "trial", TrialResult, lambda: race_stage.trial(ctx, 1, head, seg, survivors, []))
     assert tried.finalist == 1
     roles = {a.role: a for a in tried.arms}

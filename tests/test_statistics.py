@@ -83,8 +83,8 @@ def test_multiple_comparisons_are_corrected_in_both_tests():
     race, confirm = Pair(30, 14, 250), Pair(26, 14, 250)
     one, _ = gate.two_stage(race, confirm, 1, noise, 0.95)
     four, reasons = gate.two_stage(race, confirm, 4, noise, 0.95)
-    assert one["stage1"]["p_adjusted"] * 4 == pytest.approx(four["stage1"]["p_adjusted"])
-    assert four["p"] > one["p"]
+    assert one.stage1.p_adjusted * 4 == pytest.approx(four.stage1.p_adjusted)
+    assert four.p > one.p
     # Holm in the one-stage test: the same p passes alone and fails beside three others.
     borderline = Pair(25, 12, 250)
     p = p_value(borderline, noise)
@@ -99,16 +99,16 @@ def test_multiple_comparisons_are_corrected_in_both_tests():
 def test_no_promotion_without_a_valid_noise_estimate():
     race, confirm = Pair(60, 10, 250), Pair(55, 10, 250)
     stat, reasons = gate.two_stage(race, confirm, 1, Noise(1.0, 0, 10.0), 0.95)
-    assert reasons == ["no_valid_noise_estimate"] and stat["noise_pairs"] == 0
+    assert reasons == ["no_valid_noise_estimate"] and stat.noise_pairs == 0
     stat, reasons = gate.two_stage(race, confirm, 1, Noise(1.0, 1, 11.0), 0.95)
-    assert reasons == [] and stat["delta"] == confirm.delta and stat["selected_delta"] == race.delta
+    assert reasons == [] and stat.delta == confirm.delta and stat.selected_delta == race.delta
 
 
 def test_the_recorded_effect_is_the_confirmation_s_not_the_selected_one():
     stat, reasons = gate.two_stage(Pair(50, 10, 250), Pair(30, 20, 250), 2, Noise(1.0, 1, 11.0), 0.95)
     # A strong race and a confirmation that leans the same way promote, with the effect the confirmation
     # measured (the race's 0.16 is the best of K, inflated by its selection).
-    assert reasons == [] and stat["selected_delta"] == pytest.approx(0.16) and stat["delta"] == pytest.approx(0.04)
+    assert reasons == [] and stat.selected_delta == pytest.approx(0.16) and stat.delta == pytest.approx(0.04)
     stat, reasons = gate.two_stage(Pair(50, 10, 250), Pair(20, 22, 250), 1, Noise(1.0, 1, 11.0), 0.95)
     assert "no_supported_gain" in reasons  # a confirmation that goes the other way sinks any race
 

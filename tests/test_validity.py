@@ -142,10 +142,11 @@ def test_validity_statistics_compare_both_arms_under_one_reward(tmp_path):
     suite = Suite(detectors={})
     shared_c = gate.arm_evidence(store, suite, "cand", 1, 9, control_h)
     shared_k = gate.arm_evidence(store, suite, "ctl", 1, 9, control_h)
-    assert abs(shared_c.reward_rise) < 1e-9 and gate.validity_reasons(shared_c, shared_k, {}) == []
+    assert abs(shared_c.reward_rise) < 1e-9 and gate.validity_reasons(shared_c, shared_k)[1] == []
     own_c = gate.arm_evidence(store, suite, "cand", 1, 9, cand_h)
     assert own_c.reward_rise > 0.1
-    assert "reward_up_audit_flat" in gate.validity_reasons(own_c, shared_k, {})
+    figures, reasons = gate.validity_reasons(own_c, shared_k)
+    assert "reward_up_audit_flat" in reasons and figures.reward_rise_candidate == own_c.reward_rise
 
 
 def test_induction_prefers_the_exploit_s_own_pattern_over_a_length_proxy():

@@ -5,17 +5,18 @@ evaluator hash, whatever the decision."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from evotrainer.backtest.replay import load_columns
 from evotrainer.backtest.statistics import Noise, Pair, combine, p_value, sign_p
+from evotrainer.backtest.verdict import ConfirmStage, RaceStage, SignHolm, TwoStage, Validity, pair_figures
 from evotrainer.diagnostics.detector import Finding
 from evotrainer.diagnostics.suite import Suite
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.rewards import total_reward
+from evotrainer.ids import GATE, shard_id
 from evotrainer.store.files import sql_str
 from evotrainer.store.rollouts import RolloutStore
 
@@ -48,29 +49,13 @@ class ArmEvidence:
     findings: list[Finding] = field(default_factory=list)
 
 
-@dataclass
-class Verdict:
-    decision: str  # promote | reject
-    reasons: list[str]
-    statistic: dict[str, Any]
-    noise: dict[str, Any]
-    findings: list[dict[str, Any]]
-    evaluator_hash: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def validity_reasons(cand: ArmEvidence, ctrl: ArmEvidence, stat: dict[str, Any]) -> list[str]:
+def validity_reasons(cand: ArmEvidence, ctrl: ArmEvidence) -> tuple[Validity, list[str]]:
     """The candidate's own window carries a validity finding its reward pays (demoted ones do not count),
     its reward-audit gap widened, or its reward rose beyond the control's while its audit did not follow
-    (both measured under one reward function, see arm_evidence). The figures go into `stat`."""
+    (both measured under one reward function, see arm_evidence). Returns the figures read and the reasons."""
     reasons = [f"validity:{f.name}" for f in cand.findings if f.validity]
-    stat["gap_candidate"], stat["gap_control"] = cand.gap, ctrl.gap
     if cand.gap is not None and ctrl.gap is not None and cand.gap - ctrl.gap > GAP_WIDENING:
         reasons.append("reward_audit_gap_widened")
-    stat["reward_rise_candidate"], stat["reward_rise_control"] = cand.reward_rise, ctrl.reward_rise
-    stat["audit_pass_candidate"], stat["audit_pass_control"] = cand.audit_pass, ctrl.audit_pass
     if (
         cand.reward_rise - ctrl.reward_rise > REWARD_RISE
         and cand.audit_pass is not None
@@ -78,7 +63,15 @@ def validity_reasons(cand: ArmEvidence, ctrl: ArmEvidence, stat: dict[str, Any])
         and cand.audit_pass - ctrl.audit_pass <= AUDIT_FLAT
     ):
         reasons.append("reward_up_audit_flat")
-    return reasons
+    figures = Validity(
+        gap_candidate=cand.gap,
+        gap_control=ctrl.gap,
+        reward_rise_candidate=cand.reward_rise,
+        reward_rise_control=ctrl.reward_rise,
+        audit_pass_candidate=cand.audit_pass,
+        audit_pass_control=ctrl.audit_pass,
+    )
+    return figures, reasons
 
 
 def finalist(stage1: list[Pair | None], noise: Noise) -> tuple[int | None, str]:
@@ -96,7 +89,7 @@ def finalist(stage1: list[Pair | None], noise: Noise) -> tuple[int | None, str]:
     return j, ""
 
 
-def two_stage(stage1: Pair, stage2: Pair, k: int, noise: Noise, level: float) -> tuple[dict[str, Any], list[str]]:
+def two_stage(stage1: Pair, stage2: Pair, k: int, noise: Noise, level: float) -> tuple[TwoStage, list[str]]:
     """The finalist's test: stage 1 (the race, its p Bonferroni-adjusted for the K candidates it was
     selected from) combined with stage 2 (the confirmation on fresh seeds, which selection never saw) by
     a weighted inverse-normal combination; the confirmation must also lean the same way on its own. The
@@ -104,20 +97,19 @@ def two_stage(stage1: Pair, stage2: Pair, k: int, noise: Noise, level: float) ->
     p1 = min(1.0, k * p_value(stage1, noise))
     p2 = p_value(stage2, noise)
     p = combine(p1, p2, CONFIRM_WEIGHT)
-    stat = {
-        "test": "two_stage",
-        "level": level,
-        "candidates": k,
-        "p": p,
-        "phi": noise.phi,
-        "noise_pairs": noise.pairs,
-        "dof": noise.dof,
-        "stage1": {**asdict(stage1), "delta": stage1.delta, "p_adjusted": p1},
-        "stage2": {**asdict(stage2), "delta": stage2.delta, "p": p2},
+    stat = TwoStage(
+        level=level,
+        candidates=k,
+        p=p,
+        phi=noise.phi,
+        noise_pairs=noise.pairs,
+        dof=noise.dof,
+        stage1=RaceStage(**pair_figures(stage1), p_adjusted=p1),
+        stage2=ConfirmStage(**pair_figures(stage2), p=p2),
         # The effect on record is the confirmation's: the race's is inflated by its selection.
-        "delta": stage2.delta,
-        "selected_delta": stage1.delta,
-    }
+        delta=stage2.delta,
+        selected_delta=stage1.delta,
+    )
     reasons = []
     if not noise.valid:
         reasons.append("no_valid_noise_estimate")
@@ -136,7 +128,7 @@ def confirmed(
     k: int,
     noise: Noise,
     level: float,
-) -> tuple[dict[str, Any], list[str]]:
+) -> tuple[TwoStage, list[str]]:
     """The finalist's two-stage test, its race run and its confirmation run against the alternative to
     promoting it: the control and the control's replicate; or, when the control carries an exploit,
     `start`, the policy the round started from (where the mainline rolls back to without a promotion):
@@ -145,12 +137,16 @@ def confirmed(
     base = (start, start) if start is not None else control
     stat, reasons = two_stage(Pair.of(cand[0], base[0]), Pair.of(cand[1], base[1]), k, noise, level)
     if start is not None:
-        stat["against"] = "the round's starting policy: the control carries an exploit"
-        stat["start_accuracy"] = sum(start.values()) / max(1, len(start))
+        stat = stat.model_copy(
+            update={
+                "against": "the round's starting policy: the control carries an exploit",
+                "start_accuracy": sum(start.values()) / max(1, len(start)),
+            }
+        )
     return stat, reasons
 
 
-def single_stage(pairs: list[Pair], noise: Noise, level: float) -> list[tuple[dict[str, Any], list[str]]]:
+def single_stage(pairs: list[Pair], noise: Noise, level: float) -> list[tuple[SignHolm, list[str]]]:
     """Without a confirmation (gate.statistic sign): each candidate's p under the noise model, Holm-
     corrected across the round's candidates, so the round's chance of a false promotion stays at most
     1 - level whatever K is."""
@@ -163,17 +159,15 @@ def single_stage(pairs: list[Pair], noise: Noise, level: float) -> list[tuple[di
         passed.add(j)
     out = []
     for j, pair in enumerate(pairs):
-        stat = {
-            "test": "sign_holm",
-            "level": level,
-            "candidates": len(pairs),
-            "p": ps[j],
-            "phi": noise.phi,
-            "noise_pairs": noise.pairs,
-            "dof": noise.dof,
-            **asdict(pair),
-            "delta": pair.delta,
-        }
+        stat = SignHolm(
+            level=level,
+            candidates=len(pairs),
+            p=ps[j],
+            phi=noise.phi,
+            noise_pairs=noise.pairs,
+            dof=noise.dof,
+            **pair_figures(pair),
+        )
         reasons = ([] if noise.valid else ["no_valid_noise_estimate"]) + ([] if j in passed else ["no_supported_gain"])
         out.append((stat, reasons))
     return out
@@ -188,7 +182,7 @@ def arm_evidence(
     a candidate's own reward is not comparable with the control's (a length penalty climbs as
     completions shorten), so the rise and the reward-audit gap are measured in the same units on both."""
     findings = suite.run(store, branch, first, last)
-    store.append_findings(findings, suite.version, f"{branch}-g{last:06d}", branch, first, last)
+    store.append_findings(findings, suite.version, shard_id(branch, last, GATE), branch, first, last)
     cols = load_columns(
         store,
         list(shared.reward_weights),

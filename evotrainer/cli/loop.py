@@ -100,6 +100,8 @@ def _no_space(run_dir: Path, filename: str | None) -> str:
 
 
 def _status_table(run: Path) -> Table:
+    from evotrainer.backtest.verdict import read_verdicts
+    from evotrainer.ids import branch_id
     from evotrainer.stages.results import PromoteResult
     from evotrainer.stages.retention import disk_use
     from evotrainer.stages.spend import lineage, spend
@@ -114,7 +116,7 @@ def _status_table(run: Path) -> Table:
         heads = ledger.rows("SELECT result FROM stages WHERE stage = 'promote' ORDER BY round DESC LIMIT 1")
         head = PromoteResult.model_validate_json(heads[0]["result"]).head if heads else None
         acc = ledger.rows("SELECT heldout_accuracy FROM branches WHERE id = ?", [head.branch]) if head else []
-        verdicts = ledger.verdicts()
+        verdicts = read_verdicts(ledger)
         finished = ledger.stage_result(0, "final") is not None
         alive = bool(st.get("pid")) and _alive(st["pid"]) and not finished
         t = Table(title=f"EvoTrainer run {run.name}", show_header=False)
@@ -130,9 +132,9 @@ def _status_table(run: Path) -> Table:
             "mainline",
             f"{head.branch} step {head.step}, gate accuracy {acc[0]['heldout_accuracy']:.3f}"
             if head and acc and acc[0]["heldout_accuracy"] is not None
-            else "base",
+            else branch_id(0, "base"),
         )
-        share = spend(ledger, lineage(ledger, head.branch if head else "base"))
+        share = spend(ledger, lineage(ledger, head.branch if head else branch_id(0, "base")))
         t.add_row("discarded arms", f"{share.step_share:.0%} of training steps, {share.token_share:.0%} of arm tokens")
         disk = disk_use(ledger, run)
         t.add_row(
@@ -142,8 +144,8 @@ def _status_table(run: Path) -> Table:
         )
         t.add_row(
             "verdicts",
-            f"{sum(v['decision'] == 'promote' for v in verdicts)} promoted, "
-            f"{sum(v['decision'] == 'reject' for v in verdicts)} rejected",
+            f"{sum(v.decision == 'promote' for v in verdicts)} promoted, "
+            f"{sum(v.decision == 'reject' for v in verdicts)} rejected",
         )
         return t
     finally:

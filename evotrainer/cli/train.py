@@ -89,6 +89,7 @@ def diagnose(
 ) -> None:
     """Run the diagnostic suite over a window of the run's rollouts; findings cite rollout ids."""
     from evotrainer.diagnostics.suite import Suite
+    from evotrainer.ids import window_id
     from evotrainer.store.rollouts import RolloutStore
 
     store = RolloutStore(run_dir(run) / "store")
@@ -96,9 +97,7 @@ def diagnose(
         last = store.sql("SELECT coalesce(max(step), 0) AS s FROM rollouts WHERE branch = ?", [branch])[0]["s"]
     suite = Suite.default()
     findings = suite.run(store, branch, first, last)
-    store.append_findings(
-        findings, suite.version, f"{branch}-{first:06d}-{last:06d}-{suite.version}", branch, first, last
-    )
+    store.append_findings(findings, suite.version, window_id(branch, first, last, suite.version), branch, first, last)
     if as_json:
         for f in findings:
             print(json.dumps({**f.to_record(), "suite_version": suite.version}))

@@ -2,30 +2,27 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 
 from evotrainer.diagnostics.detector import Window
+from evotrainer.ids import parse_shard
 from evotrainer.store.files import sql_str
 from evotrainer.store.rollouts import METRIC_SCHEMA, ROLLOUT_SCHEMA, RolloutStore
 
-# Shards are named `<branch>-<kind><step:06d>` (training/segment.py): a shard whose name says it holds
-# another branch or a step outside the window is not opened. Names that do not parse are always
-# read; the SQL filter below decides for their rows.
-_SHARD = re.compile(r"^(?P<branch>.+)-[a-z](?P<step>\d{6,})$")
-
 
 def _window_shards(d: Path, branch: str, first_step: int, last_step: int) -> list[tuple[str, int | None]]:
-    """(path, step its name says, or None) of each shard that may hold rows of the window."""
+    """(path, step its name says, or None) of each shard that may hold rows of the window. A shard whose name
+    (ids.shard_id) says it holds another branch or a step outside the window is not opened; a name that does not
+    parse is always read, and the SQL filter decides for its rows."""
     out = []
     for f in sorted(d.glob("*.parquet")):
-        m = _SHARD.match(f.stem)
-        if m and (m["branch"] != branch or not first_step <= int(m["step"]) <= last_step):
+        s = parse_shard(f.stem)
+        if s and (s.branch != branch or not first_step <= s.step <= last_step):
             continue
-        out.append((f.as_posix(), int(m["step"]) if m else None))
+        out.append((f.as_posix(), s.step if s else None))
     return out
 
 

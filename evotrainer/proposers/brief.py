@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from evotrainer.backtest.verdict import read_trials, read_verdicts
 from evotrainer.diagnostics.detector import Finding
 from evotrainer.harness.harness import Harness
-from evotrainer.harness.interventions import Intervention
 from evotrainer.proposers.proposer import Brief, PastTrial, SkillMatch, signature
 from evotrainer.store.files import sql_list
 from evotrainer.store.ledger import Ledger
@@ -54,20 +54,20 @@ def evidence(store: RolloutStore, ids: list[str]) -> dict[str, dict[str, Any]]:
 
 
 def history(ledger: Ledger) -> list[PastTrial]:
-    verdicts = {v["trial"]: v for v in ledger.verdicts()}
+    verdicts = {v.trial: v for v in read_verdicts(ledger)}
     branches = {b["id"]: b for b in ledger.branches()}
     out = []
-    for t in ledger.trials():
-        v = verdicts.get(t["id"])
-        ctrl, cand = branches.get(t["control"], {}), branches.get(t["candidate"], {})
+    for t in read_trials(ledger):
+        v = verdicts.get(t.id)
+        ctrl, cand = branches.get(t.control, {}), branches.get(t.candidate, {})
         out.append(
             PastTrial(
-                t["round"],
-                Intervention.model_validate(t["intervention"]),
-                tuple(t["signature"]),
-                v["decision"] if v else "abandoned",
-                tuple(v["reasons"]) if v else (),
-                v["statistic"].get("delta") if v else None,
+                t.round,
+                t.intervention,
+                tuple(t.signature),
+                v.decision if v else "abandoned",
+                tuple(v.reasons) if v else (),
+                v.statistic.delta if v else None,
                 harness=ctrl.get("harness_version", ""),
                 step=cand.get("first_step", 0),
             )

@@ -89,9 +89,9 @@ class Narrator:
     def gate(self, g: GateResult, proposals: list[Proposal], control: str) -> None:
         n = g.noise
         noise = (
-            (f"phi {n['phi']:.2f} from {n['pairs_used']} A-A pair(s)" if n.get("valid") else "no A-A pair yet")
-            if "phi" in n
-            else f"noise {n.get('abs_delta', 0):.3f}"
+            (f"phi {n.phi:.2f} from {n.pairs_used} A-A pair(s)" if n.valid else "no A-A pair yet")
+            if n.phi is not None
+            else f"noise {n.abs_delta or 0:.3f}"
         )
         for v, p in zip(g.verdicts, proposals, strict=False):
             self.say(

@@ -11,13 +11,22 @@ import json
 from pathlib import Path
 from typing import Any
 
+from evotrainer.backtest.verdict import (
+    NoiseLine,
+    OlderTest,
+    RaceResult,
+    Statistic,
+    TwoStage,
+    read_trials,
+    read_verdicts,
+)
+from evotrainer.ids import branch_id
 from evotrainer.stages.results import stage_results
 from evotrainer.stages.retention import disk_use
 from evotrainer.store.checkpoints import human
 from evotrainer.store.files import atomic_write_text, sql_list
 from evotrainer.store.ledger import Ledger
 from evotrainer.store.rollouts import RolloutStore
-from evotrainer.types import branch_id
 
 CSS = (
     "body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}\n"
@@ -250,61 +259,61 @@ def _round(rnd: int, results: dict[tuple[int, str], Any], cited: list[str]) -> l
 
 
 def _verdicts(ledger: Ledger, cited: list[str]) -> list[str]:
-    trials = {t["id"]: t for t in ledger.trials()}
+    trials = {t.id: t for t in read_trials(ledger)}
     parts = [
         "<h2>Verdicts</h2><table><tr><th>trial</th><th>intervention</th><th>hypothesis</th><th>decision</th><th>statistic</th>"
         "<th>noise (A-A)</th><th>reasons</th><th>validity findings</th><th>evidence</th><th>budget</th>"
         "<th>evaluator</th></tr>"
     ]
-    for v in ledger.verdicts():
-        tr = trials[v["trial"]]
-        iv, s = tr["intervention"], v["statistic"]
-        ev = s.get("evidence", {})
-        cited += ev.get("candidate_won", [])[:2] + ev.get("candidate_lost", [])[:2]
-        stat = _statistic(s)
-        vf = [f for f in v["findings"] if f["validity"]]
+    for v in read_verdicts(ledger):
+        tr = trials[v.trial]
+        iv, s = tr.intervention, v.statistic
+        ev = s.evidence
+        cited += ev.candidate_won[:2] + ev.candidate_lost[:2]
+        vf = [f for f in v.findings if f.validity]
         parts.append(
-            f"<tr><td>{_e(v['trial'])}<br><span class=muted>{_e(tr['source'])}</span></td>"
-            f"<td><code>{_e(iv['kind'])} {_e(iv['target'])}: "
-            f"{_e(iv.get('before'))} &rarr; {_e(iv['value'])}</code></td><td>{_e(iv['hypothesis']['finding'])}: "
-            f"{_e(iv['hypothesis']['signal'])} {_e(iv['hypothesis']['direction'])}</td>"
-            f'<td class="{_e(v["decision"])}">{_e(v["decision"])}</td>'
-            f"<td>{stat}</td><td>{_noise(v['noise'])}</td>"
-            f"<td>{_e(', '.join(v['reasons']) or '-')}</td>"
+            f"<tr><td>{_e(v.trial)}<br><span class=muted>{_e(tr.source)}</span></td>"
+            f"<td><code>{_e(iv.kind)} {_e(iv.target)}: "
+            f"{_e(iv.before)} &rarr; {_e(iv.value)}</code></td><td>{_e(iv.hypothesis.finding)}: "
+            f"{_e(iv.hypothesis.signal)} {_e(iv.hypothesis.direction)}</td>"
+            f'<td class="{_e(v.decision)}">{_e(v.decision)}</td>'
+            f"<td>{_statistic(s)}</td><td>{_noise(v.noise)}</td>"
+            f"<td>{_e(', '.join(v.reasons) or '-')}</td>"
             "<td>"
-            f"{'; '.join(_e(f['name']) + ': ' + ' '.join(_link(i) for i in f['evidence'][:2]) for f in vf) or '-'}"
+            f"{'; '.join(_e(f.name) + ': ' + ' '.join(_link(i) for i in f.evidence[:2]) for f in vf) or '-'}"
             "</td>"
-            f"<td>won: {' '.join(_link(i) for i in ev.get('candidate_won', [])[:2])}<br>lost: "
-            f"{' '.join(_link(i) for i in ev.get('candidate_lost', [])[:2])}</td>"
-            f"<td>{v['budget']['candidate']['generated_tokens']:,} tok</td>"
-            f"<td><code>{_e(v['evaluator_hash'])}</code></td></tr>"
+            f"<td>won: {' '.join(_link(i) for i in ev.candidate_won[:2])}<br>lost: "
+            f"{' '.join(_link(i) for i in ev.candidate_lost[:2])}</td>"
+            f"<td>{v.budget.candidate.generated_tokens:,} tok</td>"
+            f"<td><code>{_e(v.evaluator_hash)}</code></td></tr>"
         )
-        cited += [i for f in vf for i in f["evidence"][:2]]
+        cited += [i for f in vf for i in f.evidence[:2]]
     parts.append("</table>")
     return parts
 
 
-def _statistic(s: dict) -> str:
+def _statistic(s: Statistic) -> str:
     """A verdict's statistic in a line: the two-stage test, a race's comparison, or an older run's test."""
-    acc = f"cand {s['candidate_accuracy']:.3f} vs ctrl {s['control_accuracy']:.3f}"
-    if s["test"] == "two_stage":
-        st1, st2 = s["stage1"], s["stage2"]
+    acc = f"cand {s.candidate_accuracy:.3f} vs ctrl {s.control_accuracy:.3f}"
+    if isinstance(s, TwoStage):
+        st1, st2 = s.stage1, s.stage2
         return (
-            f"two-stage p {s['p']:.4f} (K={s['candidates']}): race {st1['delta']:+.3f} ({st1['wins']} won, "
-            f"{st1['losses']} lost, adjusted p {st1['p_adjusted']:.3f}), confirmed {st2['delta']:+.3f} "
-            f"({st2['wins']} won, {st2['losses']} lost, p {st2['p']:.3f}); {acc}"
+            f"two-stage p {s.p:.4f} (K={s.candidates}): race {st1.delta:+.3f} ({st1.wins} won, "
+            f"{st1.losses} lost, adjusted p {st1.p_adjusted:.3f}), confirmed {st2.delta:+.3f} "
+            f"({st2.wins} won, {st2.losses} lost, p {st2.p:.3f}); {acc}"
         )
-    if s["test"] == "race":
-        why = s.get("stopped") or s.get("not_confirmed", "")
-        return f"race delta {s['delta']:+.3f} ({s['wins']} won, {s['losses']} lost): {_e(why)}; {acc}"
-    bound = f", lower {s['lower']:+.3f}" if "lower" in s else f", p {s.get('p', 1):.3f}"
-    return f"{_e(s['test'])} delta {s['delta']:+.3f}{bound}; {acc} on {s.get('n', '?')} tasks"
+    if isinstance(s, RaceResult):
+        why = s.stopped or s.not_confirmed or ""
+        return f"race delta {s.delta:+.3f} ({s.wins} won, {s.losses} lost): {_e(why)}; {acc}"
+    lower = s.lower if isinstance(s, OlderTest) else None
+    bound = f", lower {lower:+.3f}" if lower is not None else f", p {1 if s.p is None else s.p:.3f}"
+    return f"{_e(s.test)} delta {s.delta:+.3f}{bound}; {acc} on {'?' if s.n is None else s.n} tasks"
 
 
-def _noise(n: dict) -> str:
-    if "phi" in n:
-        return f"phi {n['phi']:.2f} ({n['pairs_used']} pair(s))" if n.get("valid") else "no A-A pair"
-    return f"{n.get('abs_delta', 0):.3f}"
+def _noise(n: NoiseLine) -> str:
+    if n.phi is not None:
+        return f"phi {n.phi:.2f} ({n.pairs_used} pair(s))" if n.valid else "no A-A pair"
+    return f"{n.abs_delta or 0:.3f}"
 
 
 def _evidence(store: RolloutStore, cited: list[str]) -> list[str]:

@@ -9,15 +9,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from pydantic import BaseModel
 
 from evotrainer.backtest.executors import Executor
 from evotrainer.backtest.trial import ArmResult, ArmSpec
+from evotrainer.backtest.verdict import TrialRecord, VerdictRecord
 from evotrainer.config import RunConfig
 from evotrainer.envs.env import Domain
 from evotrainer.harness.harness import Harness
+from evotrainer.ids import branch_id
 from evotrainer.proposers.proposer import Proposer
 from evotrainer.skills.library import SkillLibrary
 from evotrainer.stages.results import BranchRecord
@@ -64,7 +66,7 @@ class RunContext:
             first_step=first,
             steps=steps,
             gate_ids=tuple(self.gate_ids) if gate else None,
-            reference=str(self.run_dir / "checkpoints" / "base"),
+            reference=str(self.run_dir / "checkpoints" / branch_id(0, "base")),
         )
 
 
@@ -79,8 +81,8 @@ class StageRecords:
     """What a stage writes to the ledger besides its result, in the same transaction."""
 
     branches: list[BranchRecord] = field(default_factory=list)
-    trials: list[dict[str, Any]] = field(default_factory=list)
-    verdicts: list[dict[str, Any]] = field(default_factory=list)
+    trials: list[TrialRecord] = field(default_factory=list)
+    verdicts: list[VerdictRecord] = field(default_factory=list)
     charges: dict[str, Charge] = field(default_factory=dict)
     uncharged_seconds: float = 0.0
     """Seconds of the stage outside the loop's budget (the one-time, cached warm start)."""
@@ -105,8 +107,8 @@ def run_stage(ctx: RunContext, rnd: int, name: str, model: type[R], work: Callab
         result.model_dump(mode="json"),
         charges=charges,
         branches=[b.model_dump() for b in records.branches],
-        trials=records.trials,
-        verdicts=records.verdicts,
+        trials=[t.model_dump(mode="json") for t in records.trials],
+        verdicts=[v.model_dump(mode="json", exclude={"decided"}) for v in records.verdicts],
     )
     if ctx.tracking is not None:
         ctx.tracking.sync(ctx.ledger, ctx.store)

@@ -5,32 +5,37 @@ trial itself (stage 6) is race.py."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
-from typing import Any
-
 from evotrainer.backtest import gate
 from evotrainer.backtest.statistics import Noise, Pair
 from evotrainer.backtest.trial import ArmResult
+from evotrainer.backtest.verdict import (
+    Disagreements,
+    NoiseLine,
+    RaceResult,
+    Statistic,
+    TrialRecord,
+    VerdictBudget,
+    VerdictRecord,
+    pair_figures,
+)
 from evotrainer.diagnostics.detector import Finding
 from evotrainer.diagnostics.suite import Suite
 from evotrainer.harness.harness import Harness, save_harness
-from evotrainer.proposers.proposer import Proposal
+from evotrainer.ids import EVAL, branch_id, rollout_id, trial_id
 from evotrainer.skills.library import Evidence
 from evotrainer.stages.context import RunContext, StageRecords, arm_charge
-from evotrainer.stages.noise import bank_noise, banked, with_pairs
+from evotrainer.stages.noise import BankedPair, NoiseBank, bank_noise, with_pairs
 from evotrainer.stages.results import (
     GateResult,
     Mainline,
     PromoteResult,
     RememberResult,
     Rollback,
+    Survivor,
     TrialResult,
     VerdictLine,
 )
 from evotrainer.stages.start import expect_evaluator
-from evotrainer.types import branch_id, trial_id
-
-Survivor = tuple[Proposal, "dict[str, Any] | None"]  # a proposal that reaches a trial, with its replay
 
 
 def gate_stage(
@@ -73,31 +78,27 @@ def gate_stage(
     raced = [a for a in tried.arms if a.role == "candidate"]
     singles = gate.single_stage([Pair.of(c.outcomes, against.outcomes) for c in raced], model, cfg.gate.level)
     trials, verdicts, lines = [], [], []
-    for j, ((p, rep), cand) in enumerate(zip(survivors, raced, strict=False), 1):
+    for j, (survivor, cand) in enumerate(zip(survivors, raced, strict=False), 1):
         ev = evidence(cand)
         test_noise = model if j == tried.finalist else mainline
         stat, reasons = _test(ctx, rnd, tried, j, cand, control, test_noise, singles[j - 1], evidence, start)
-        reasons += gate.validity_reasons(ev, ctrl_ev, stat)
-        stat["evidence"] = disagreements(cand, against, ctx.gate_ids)
-        stat["candidate_accuracy"] = cand.accuracy
-        stat.setdefault("control_accuracy", control.accuracy)
-        v = gate.Verdict(
-            "reject" if reasons else "promote",
-            list(dict.fromkeys(reasons)),
-            stat,
-            own_line if j == tried.finalist and own_line else _noise_line(noise),
-            [f.to_record() for f in ev.findings],
-            cand.evaluator_hash,
+        validity, invalid = gate.validity_reasons(ev, ctrl_ev)
+        stat = stat.model_copy(
+            update={
+                **dict(validity),
+                "evidence": disagreements(cand, against, ctx.gate_ids),
+                "candidate_accuracy": cand.accuracy,
+                # A racer that stopped is compared where it stopped (_test set the control's accuracy there).
+                "control_accuracy": control.accuracy if stat.control_accuracy is None else stat.control_accuracy,
+            }
         )
         tid = trial_id(rnd, j)
-        trials.append(_trial_record(tid, rnd, cand, control, p, rep, sig))
-        budget = {
-            "candidate": asdict(arm_charge(cand)),
-            "control": asdict(arm_charge(control)),
-            "spent": asdict(ctx.ledger.spent()),
-        }
-        verdicts.append({"trial": tid, "round": rnd, **v.to_dict(), "budget": budget})
-        lines.append(VerdictLine(trial=tid, decision=v.decision, reasons=v.reasons, delta=stat["delta"]))
+        trials.append(_trial_record(tid, rnd, cand, control, survivor, sig))
+        line = own_line if j == tried.finalist and own_line else noise.line()
+        verdicts.append(_verdict(ctx, tid, rnd, cand, control, stat, reasons + invalid, line, ev.findings))
+        lines.append(
+            VerdictLine(trial=tid, decision=verdicts[-1].decision, reasons=verdicts[-1].reasons, delta=stat.delta)
+        )
     return GateResult(
         noise=noise,
         aa_measured=measured,
@@ -107,9 +108,34 @@ def gate_stage(
     ), StageRecords(trials=trials, verdicts=verdicts)
 
 
+def _verdict(
+    ctx: RunContext,
+    tid: str,
+    rnd: int,
+    cand: ArmResult,
+    control: ArmResult,
+    stat: Statistic,
+    reasons: list[str],
+    noise: NoiseLine,
+    findings: list[Finding],
+) -> VerdictRecord:
+    """The verdict on a candidate: rejected for any reason against it (each named once), else promoted."""
+    return VerdictRecord(
+        trial=tid,
+        round=rnd,
+        decision="reject" if reasons else "promote",
+        reasons=list(dict.fromkeys(reasons)),
+        statistic=stat,
+        noise=noise,
+        findings=findings,
+        budget=VerdictBudget(candidate=arm_charge(cand), control=arm_charge(control), spent=ctx.ledger.spent()),
+        evaluator_hash=cand.evaluator_hash,
+    )
+
+
 def _noise_models(
     rnd: int, head: Mainline, tried: TrialResult, survivors: list[Survivor], evidence, own_allowed: bool
-) -> tuple[dict[str, Any], bool, Noise, Noise, dict[str, Any] | None]:
+) -> tuple[NoiseBank, bool, Noise, Noise, NoiseLine | None]:
     """The noise bank with this round's valid A-A pairs (the control against its replicate or an A-A arm),
     whether there were any, the mainline harness's noise model, the finalist's (gate.finalist_noise), and
     when the finalist's came from its own runs (`own_allowed`: it is tested against the round's starting
@@ -121,32 +147,40 @@ def _noise_models(
         if other is not None and gate.aa_pair_valid(evidence(control).findings, evidence(other).findings):
             pairs.append((Pair.of(other.outcomes, control.outcomes), other.branch, control.branch))
     noise = with_pairs(head.noise, head.harness.version, rnd, pairs)
-    mainline = Noise(noise["phi"], noise["pairs_used"], noise["dof"])
+    mainline = noise.noise()
     own = _finalist_pair(rnd, tried, evidence) if own_allowed else None
-    version = survivors[tried.finalist - 1][0].intervention.apply(head.harness).version if own else ""
+    version = survivors[tried.finalist - 1].proposal.intervention.apply(head.harness).version if own else ""
     model, measured_on = gate.finalist_noise(mainline, bank_noise(noise, version, [own[0]]) if own else None)
     if measured_on != "candidate":
         return noise, bool(pairs), mainline, model, None
-    noise = {**noise, "pairs": noise["pairs"] + [banked(own[0], version, rnd, *own[1:])]}
-    line = {"harness": version, "phi": model.phi, "pairs_used": model.pairs, "dof": model.dof, "valid": True}
-    line["measured_on"] = (
-        "the candidate's harness: its race and confirmation runs (the control's replicate carries the exploit)"
+    noise = noise.model_copy(update={"pairs": noise.pairs + [BankedPair.of(own[0], version, rnd, *own[1:])]})
+    line = NoiseLine(
+        harness=version,
+        phi=model.phi,
+        pairs_used=model.pairs,
+        dof=model.dof,
+        valid=True,
+        measured_on="the candidate's harness: its race and confirmation runs (the control's replicate carries the "
+        "exploit)",
     )
     return noise, bool(pairs), mainline, model, line
 
 
-def _trial_record(tid: str, rnd: int, cand: ArmResult, control: ArmResult, p: Proposal, rep, sig: list[str]) -> dict:
-    return {
-        "id": tid,
-        "round": rnd,
-        "candidate": cand.branch,
-        "control": control.branch,
-        "intervention": p.intervention.model_dump(mode="json"),
-        "source": p.source,
-        "skill_id": p.skill_id,
-        "signature": list(sig),
-        "replay": rep,
-    }
+def _trial_record(
+    tid: str, rnd: int, cand: ArmResult, control: ArmResult, survivor: Survivor, sig: list[str]
+) -> TrialRecord:
+    p = survivor.proposal
+    return TrialRecord(
+        id=tid,
+        round=rnd,
+        candidate=cand.branch,
+        control=control.branch,
+        intervention=p.intervention,
+        source=p.source,
+        skill_id=p.skill_id,
+        signature=list(sig),
+        replay=survivor.replay,
+    )
 
 
 def _finalist_pair(rnd: int, tried: TrialResult, evidence) -> tuple[Pair, str, str] | None:
@@ -172,10 +206,10 @@ def _test(
     cand: ArmResult,
     control: ArmResult,
     model: Noise,
-    single: tuple[dict, list[str]],
+    single: tuple[Statistic, list[str]],
     evidence,
     start: dict[str, bool] | None = None,
-) -> tuple[dict[str, Any], list[str]]:
+) -> tuple[Statistic, list[str]]:
     """One candidate's statistic and the reasons against it, before validity. `start`: when the control carries
     an exploit, the round's starting policy's outcomes, which the finalist's two runs are tested against."""
     cfg, k = ctx.cfg, sum(a.role == "candidate" for a in tried.arms)
@@ -183,40 +217,31 @@ def _test(
     at = list(cand.checkpoint_outcomes)[-1] if cand.stopped else None
     stage1 = Pair.of(cand.outcomes, control.checkpoint_outcomes[at] if at else control.outcomes)
     if cand.stopped:
-        return {
-            "test": "race",
-            "level": cfg.gate.level,
-            "candidates": k,
-            "stopped": cand.stopped,
-            **asdict(stage1),
-            "delta": stage1.delta,
+        return RaceResult(
+            level=cfg.gate.level,
+            candidates=k,
+            stopped=cand.stopped,
+            **pair_figures(stage1),
             # Both accuracies where the candidate stopped, like the delta.
-            "control_accuracy": sum(control.checkpoint_outcomes[at].values()) / max(1, len(ctx.gate_ids)),
-        }, ["stopped_early"]
+            control_accuracy=sum(control.checkpoint_outcomes[at].values()) / max(1, len(ctx.gate_ids)),
+        ), ["stopped_early"]
     if cfg.gate.statistic != "two_stage":
         return single
     rep, ctlr = tried.arm(branch_id(rnd, "replicate", j)), tried.arm(branch_id(rnd, "control_replicate"))
     if j != tried.finalist or rep is None or ctlr is None:
-        return {
-            "test": "race",
-            "level": cfg.gate.level,
-            "candidates": k,
-            "not_confirmed": tried.note or "not the race's best",
-            **asdict(stage1),
-            "delta": stage1.delta,
-        }, ["not_confirmed"]
+        return RaceResult(
+            level=cfg.gate.level,
+            candidates=k,
+            not_confirmed=tried.note or "not the race's best",
+            **pair_figures(stage1),
+        ), ["not_confirmed"]
     stat, reasons = gate.confirmed(
         (cand.outcomes, rep.outcomes), (control.outcomes, ctlr.outcomes), start, k, model, cfg.gate.level
     )
-    stat["confirmed_accuracy"], stat["confirmed_control_accuracy"] = rep.accuracy, ctlr.accuracy
+    stat = stat.model_copy(update={"confirmed_accuracy": rep.accuracy, "confirmed_control_accuracy": ctlr.accuracy})
     # The confirmation's run is the candidate too: an exploit it picks up counts against it.
     reasons += [f"validity:{f.name}" for f in evidence(rep).findings if f.validity]
     return stat, reasons
-
-
-def _noise_line(noise: dict[str, Any]) -> dict[str, Any]:
-    """The noise estimate a verdict was made under (the bank's pairs stay in the gate result)."""
-    return {k: noise[k] for k in ("harness", "phi", "pairs_used", "dof", "valid")}
 
 
 def _evidence(ctx: RunContext, suite: Suite, arm: ArmResult, shared: Harness) -> gate.ArmEvidence:
@@ -238,7 +263,8 @@ def promote(
     control = tried.arm(branch_id(rnd, "control"))
     harness, carry, arm = head.harness, gated.control_findings, control
     if j is not None:
-        arm, harness = tried.arm(branch_id(rnd, "candidate", j)), survivors[j - 1][0].intervention.apply(head.harness)
+        arm = tried.arm(branch_id(rnd, "candidate", j))
+        harness = survivors[j - 1].proposal.intervention.apply(head.harness)
         save_harness(ctx.run_dir, harness)
         carry = findings_of(ctx, arm.branch, arm.last_step)
     new = head.at(arm.branch, arm.checkpoint, arm.last_step)
@@ -263,7 +289,8 @@ def remember(
 ) -> tuple[RememberResult, StageRecords]:
     """Every verdict becomes evidence for (or against) a skill; a promotion creates one (quarantined)."""
     cfg, touched = ctx.cfg, []
-    for v, (p, _) in zip(gated.verdicts, survivors):
+    for v, survivor in zip(gated.verdicts, survivors):
+        p = survivor.proposal
         ev = Evidence(
             run=cfg.run.name,
             round=rnd,
@@ -289,16 +316,17 @@ def findings_of(ctx: RunContext, branch: str, last: int) -> list[Finding]:
     return [Finding(**{**r, "evidence": tuple(r["evidence"]), "knobs": tuple(r["knobs"])}) for r in rows]
 
 
-def disagreements(cand: ArmResult, control: ArmResult, gate_ids: list[str], n: int = 5) -> dict[str, list[str]]:
-    """Held-out rollout ids where the arms disagree, both sides, so a reader can open the trajectories."""
+def disagreements(cand: ArmResult, control: ArmResult, gate_ids: list[str], n: int = 5) -> Disagreements:
+    """Held-out rollout ids where the arms disagree, both sides, so a reader can open the trajectories. An arm's
+    gate tasks are evaluated in gate_ids' order, so a task's place there is its rollout's index."""
     index = {t: i for i, t in enumerate(gate_ids)}
 
     def rid(arm: ArmResult, task: str) -> str:
-        return f"{arm.branch}-e{arm.last_step:06d}-{index[task]:04d}"
+        return rollout_id(arm.branch, arm.last_step, index[task], EVAL)
 
     won = [t for t in gate_ids if cand.outcomes.get(t) and not control.outcomes.get(t)][:n]
     lost = [t for t in gate_ids if control.outcomes.get(t) and not cand.outcomes.get(t)][:n]
-    return {
-        "candidate_won": [rid(cand, t) for t in won] + [rid(control, t) for t in won],
-        "candidate_lost": [rid(cand, t) for t in lost] + [rid(control, t) for t in lost],
-    }
+    return Disagreements(
+        candidate_won=[rid(cand, t) for t in won] + [rid(control, t) for t in won],
+        candidate_lost=[rid(cand, t) for t in lost] + [rid(control, t) for t in lost],
+    )

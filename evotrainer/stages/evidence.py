@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import asdict, replace
 
 from evotrainer.backtest.trial import ArmResult
+from evotrainer.backtest.verdict import read_trials, read_verdicts
 from evotrainer.diagnostics.detector import Finding
 from evotrainer.diagnostics.revision import PastVerdict, revise
 from evotrainer.diagnostics.suite import Suite
+from evotrainer.ids import DIAGNOSIS, REVISION, branch_id, shard_id
 from evotrainer.stages.context import RunContext, StageRecords, arm_charge, tokens_left
 from evotrainer.stages.results import BranchRecord, DiagnoseResult, Mainline, ReviseResult
 from evotrainer.store.ledger import Ledger
-from evotrainer.types import branch_id
 
 
 def train(ctx: RunContext, rnd: int, head: Mainline) -> tuple[ArmResult, StageRecords]:
@@ -43,7 +44,7 @@ def diagnose(ctx: RunContext, suite: Suite, seg: ArmResult) -> tuple[DiagnoseRes
     """The suite over the segment's window; the findings are stored (they are evidence)."""
     found = suite.run(ctx.store, seg.branch, seg.first_step, seg.last_step)
     ctx.store.append_findings(
-        found, suite.version, f"{seg.branch}-d{seg.last_step:06d}", seg.branch, seg.first_step, seg.last_step
+        found, suite.version, shard_id(seg.branch, seg.last_step, DIAGNOSIS), seg.branch, seg.first_step, seg.last_step
     )
     return DiagnoseResult(findings=found), StageRecords()
 
@@ -63,7 +64,12 @@ def revise_suite(ctx: RunContext, suite: Suite, seg: ArmResult) -> tuple[ReviseR
             f for f in new.run(ctx.store, seg.branch, seg.first_step, seg.last_step) if f.name not in suite.detectors
         ]
         ctx.store.append_findings(
-            extra, new.version, f"{seg.branch}-v{seg.last_step:06d}", seg.branch, seg.first_step, seg.last_step
+            extra,
+            new.version,
+            shard_id(seg.branch, seg.last_step, REVISION),
+            seg.branch,
+            seg.first_step,
+            seg.last_step,
         )
     return ReviseResult(
         suite=new if accepted else suite,
@@ -78,11 +84,11 @@ def revise_suite(ctx: RunContext, suite: Suite, seg: ArmResult) -> tuple[ReviseR
 def past_verdicts(ledger: Ledger) -> list[PastVerdict]:
     """Every verdict of the run, as the window of the candidate it judged: what a revision is backtested on."""
     branches = {b["id"]: b for b in ledger.branches()}
-    trials = {t["id"]: t for t in ledger.trials()}
+    trials = {t.id: t for t in read_trials(ledger)}
     out = []
-    for v in ledger.verdicts():
-        b = branches[trials[v["trial"]]["candidate"]]
-        out.append(PastVerdict(b["id"], b["first_step"], b["last_step"], v["decision"], tuple(v["reasons"])))
+    for v in read_verdicts(ledger):
+        b = branches[trials[v.trial].candidate]
+        out.append(PastVerdict(b["id"], b["first_step"], b["last_step"], v.decision, tuple(v.reasons)))
     return out
 
 

@@ -5,40 +5,51 @@ the policy (on the math demo it was 0.008 at learning rate 1e-5 and 0.016 at 1e-
 
 from __future__ import annotations
 
-from dataclasses import asdict
-from typing import Any
-
 from evotrainer.backtest.gate import BASE_DOF
 from evotrainer.backtest.statistics import Noise, Pair, noise_of
+from evotrainer.backtest.verdict import NoiseLine
+from evotrainer.records import Record
 
 
-def bank_pairs(noise: dict[str, Any] | None, harness_version: str) -> list[Pair]:
-    return [
-        Pair(p["wins"], p["losses"], p["n"])
-        for p in (noise or {}).get("pairs", [])
-        if p.get("harness") == harness_version
-    ]
-
-
-def bank_noise(noise: dict[str, Any] | None, harness_version: str, new: list[Pair]) -> Noise:
-    """The noise model from the bank's pairs under this harness plus `new` ones."""
-    return noise_of(bank_pairs(noise, harness_version) + new, BASE_DOF)
-
-
-def banked(pair: Pair, harness_version: str, rnd: int, arm: str, against: str) -> dict[str, Any]:
+class BankedPair(Record):
     """One A-A pair as the bank keeps it: the outcomes' counts, the harness it measured, where it came from."""
-    return {**asdict(pair), "harness": harness_version, "round": rnd, "arms": [arm, against]}
+
+    wins: int
+    losses: int
+    n: int
+    harness: str
+    round: int
+    arms: list[str]
+
+    @classmethod
+    def of(cls, pair: Pair, harness_version: str, rnd: int, arm: str, against: str) -> BankedPair:
+        return cls(
+            wins=pair.wins, losses=pair.losses, n=pair.n, harness=harness_version, round=rnd, arms=[arm, against]
+        )
+
+    def pair(self) -> Pair:
+        return Pair(self.wins, self.losses, self.n)
 
 
-def with_pairs(noise: dict[str, Any] | None, harness_version: str, rnd: int, new: list[tuple[Pair, str, str]]) -> dict:
+class NoiseBank(NoiseLine):
+    """Every A-A pair the run has measured, and the estimate from those under the mainline's harness."""
+
+    pairs: list[BankedPair] = []
+
+
+def bank_pairs(bank: NoiseBank | None, harness_version: str) -> list[Pair]:
+    return [p.pair() for p in (bank.pairs if bank else []) if p.harness == harness_version]
+
+
+def bank_noise(bank: NoiseBank | None, harness_version: str, new: list[Pair]) -> Noise:
+    """The noise model from the bank's pairs under this harness plus `new` ones."""
+    return noise_of(bank_pairs(bank, harness_version) + new, BASE_DOF)
+
+
+def with_pairs(bank: NoiseBank | None, harness_version: str, rnd: int, new: list[tuple[Pair, str, str]]) -> NoiseBank:
     """The bank with this round's pairs (pair, arm, against) added, and the estimate for this harness."""
-    pairs = list((noise or {}).get("pairs", [])) + [banked(p, harness_version, rnd, a, b) for p, a, b in new]
-    est = noise_of(bank_pairs({"pairs": pairs}, harness_version), BASE_DOF)
-    return {
-        "pairs": pairs,
-        "harness": harness_version,
-        "phi": est.phi,
-        "pairs_used": est.pairs,
-        "dof": est.dof,
-        "valid": est.valid,
-    }
+    pairs = (bank.pairs if bank else []) + [BankedPair.of(p, harness_version, rnd, a, b) for p, a, b in new]
+    est = noise_of([p.pair() for p in pairs if p.harness == harness_version], BASE_DOF)
+    return NoiseBank(
+        pairs=pairs, harness=harness_version, phi=est.phi, pairs_used=est.pairs, dof=est.dof, valid=est.valid
+    )

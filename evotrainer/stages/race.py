@@ -11,15 +11,14 @@ from __future__ import annotations
 from evotrainer.backtest import gate
 from evotrainer.backtest.statistics import Pair
 from evotrainer.backtest.trial import ArmResult, ArmSpec
+from evotrainer.ids import branch_id
 from evotrainer.stages.context import RunContext, StageRecords, arm_charge
 from evotrainer.stages.noise import bank_noise
-from evotrainer.stages.results import BranchRecord, Mainline, TrialResult
+from evotrainer.stages.results import SEED_STRIDE, BranchRecord, Mainline, Survivor, TrialResult
 from evotrainer.stages.spend import lineage, spend
 from evotrainer.stages.start import over_budget
 from evotrainer.store.ledger import Charge
-from evotrainer.types import branch_id
 
-SEED_STRIDE = 7919
 _SEED_SLOT = {"control": 0, "aa": 100, "control_replicate": 200}
 
 
@@ -51,7 +50,7 @@ def race_size(n: int, full: int, racing: bool, aa_due: bool, confirms: bool, fit
 
 
 def trial(
-    ctx: RunContext, rnd: int, head: Mainline, seg: ArmResult, survivors: list, taint: list[str]
+    ctx: RunContext, rnd: int, head: Mainline, seg: ArmResult, survivors: list[Survivor], taint: list[str]
 ) -> tuple[TrialResult, StageRecords]:
     cfg, steps = ctx.cfg, ctx.cfg.loop.trial_steps
     start, first = (head.checkpoint, head.step + 1) if taint else (seg.checkpoint, seg.last_step + 1)
@@ -80,7 +79,7 @@ def trial(
     spec = _specs(ctx, rnd, head, start, first, marks, target, start_read=bool(taint) and k > 0)
     specs = [spec("control", "control", head.harness)]
     [control] = _run(ctx, rnd, specs)
-    harnesses = [p.intervention.apply(head.harness) for p, _ in survivors[:k]]
+    harnesses = [s.proposal.intervention.apply(head.harness) for s in survivors[:k]]
     race = [spec("candidate", "candidate", h, j, control.checkpoint_outcomes) for j, h in enumerate(harnesses, 1)]
     specs += race + ([spec("aa", "aa", head.harness)] if aa_due else [])
     raced = _run(ctx, rnd, specs[1:])

@@ -4,9 +4,10 @@ key fails loudly where it is read. The JSON keys are the ones ledgers have alway
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from evotrainer.backtest.trial import ArmResult
 from evotrainer.diagnostics.detector import Finding
@@ -14,12 +15,12 @@ from evotrainer.diagnostics.suite import Suite
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.interventions import Intervention
 from evotrainer.proposers.proposer import Proposal
+from evotrainer.records import Record
+from evotrainer.stages.noise import NoiseBank
 
-
-class Record(BaseModel):
-    # Records are read back from ledgers of older versions: keys a later version dropped are ignored;
-    # a key that is missing (required, no default) fails validation instead of reading as empty.
-    model_config = ConfigDict(extra="ignore")
+SEED_STRIDE = 7919
+"""A prime between a run's seed families: the arms of a round (race.arm_seed) and the attempts at a round
+(Mainline.seed), so no two draw the same tasks and sampling noise."""
 
 
 class Mainline(Record):
@@ -31,7 +32,7 @@ class Mainline(Record):
     harness: Harness
     suite: Suite
     step: int
-    noise: dict[str, Any] | None = None
+    noise: NoiseBank | None = None
     aa_due: bool = True
     carry: list[Finding] = []
     attempt: int = 0
@@ -40,7 +41,7 @@ class Mainline(Record):
 
     def seed(self, base: int) -> int:
         """The seed the round's segment and arms derive theirs from."""
-        return base + 7919 * 1000 * self.attempt
+        return base + SEED_STRIDE * 1000 * self.attempt
 
     def at(self, branch: str, checkpoint: str, step: int) -> Mainline:
         """The mainline moved to another checkpoint (a fresh start: no rollback to it yet)."""
@@ -134,6 +135,19 @@ class ReplayResult(Record):
     kept: list[ReplayDecision]
     dropped: list[ReplayDecision]
 
+    def survivors(self, proposals: list[Proposal]) -> list[Survivor]:
+        """The proposals that go on to a trial (of the round's `proposals`), each with its replay."""
+        return [Survivor(proposals[k.index], k.replay) for k in self.kept]
+
+
+@dataclass(frozen=True)
+class Survivor:
+    """A proposal that reaches the trial, with its replay report (None: not replayable). Rebuilt from the
+    propose and replay results wherever a stage needs it, never stored itself."""
+
+    proposal: Proposal
+    replay: dict[str, Any] | None
+
 
 class TrialResult(Record):
     arms: list[ArmResult]
@@ -157,7 +171,7 @@ class VerdictLine(Record):
 
 
 class GateResult(Record):
-    noise: dict[str, Any]
+    noise: NoiseBank
     aa_measured: bool | None = None
     """None in ledgers written before it was recorded: then an A-A arm that ran counts as measured."""
     control_findings: list[Finding] = []

@@ -18,10 +18,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from evotrainer.ids import branch_id
 from evotrainer.stages.spend import lineage
 from evotrainer.store.checkpoints import tree_bytes, weight_files
 from evotrainer.store.ledger import Ledger
-from evotrainer.types import branch_id
 
 PRUNED = "pruned_checkpoints"
 OPTIMIZER = "optimizer.pt"

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from evotrainer.backtest.executors import make_executor
+from evotrainer.backtest.verdict import read_verdicts
 from evotrainer.config import RunConfig, dump_config
 from evotrainer.diagnostics.suite import Suite
 from evotrainer.envs.registry import make_domain
@@ -18,6 +19,7 @@ from evotrainer.errors import ConfigError, EvaluatorChanged
 from evotrainer.evaluation import evaluate, evaluator_identity, identity_hash, record_eval, what_changed
 from evotrainer.harness.harness import save_harness
 from evotrainer.harness.rewards import check_terms
+from evotrainer.ids import branch_id, final_branch
 from evotrainer.policies import check_device, check_policy_path, load_policy, placement
 from evotrainer.policies.hf import HFPolicy
 from evotrainer.proposers.heuristic import HeuristicProposer
@@ -35,7 +37,6 @@ from evotrainer.training.grpo import GRPOTrainer
 from evotrainer.training.run import seed_everything
 from evotrainer.training.segment import StepContext
 from evotrainer.training.trl_backend import check_trl
-from evotrainer.types import branch_id
 
 
 def check_budget(cfg: RunConfig) -> None:
@@ -192,13 +193,14 @@ def start(ctx: RunContext, say: Any) -> tuple[StartResult, StageRecords]:
     t0 = time.perf_counter()
     policy = load_policy(cfg, ctx.domain, log=say)
     warm = time.perf_counter() - t0
-    ckpt = ctx.run_dir / "checkpoints" / "base"
+    base = branch_id(0, "base")
+    ckpt = ctx.run_dir / "checkpoints" / base
     GRPOTrainer(policy, cfg.harness).save(ckpt)
     ev = evaluate(policy, ctx.domain, ctx.heldout(ctx.final_ids), cfg.eval)
-    record_eval(ctx.store, cfg, ctx.domain, ev, 0, StepContext(cfg.run.name, "base", cfg.run.seed))
+    record_eval(ctx.store, cfg, ctx.domain, ev, 0, StepContext(cfg.run.name, base, cfg.run.seed))
     save_harness(ctx.run_dir, cfg.harness)
     suite = Suite.default()
-    head = Mainline(branch=branch_id(0, "base"), checkpoint=str(ckpt), harness=cfg.harness, suite=suite, step=0)
+    head = Mainline(branch=base, checkpoint=str(ckpt), harness=cfg.harness, suite=suite, step=0)
     row = BranchRecord(
         id=head.branch,
         parent=None,
@@ -234,7 +236,7 @@ def final(ctx: RunContext, head: Mainline, stop_reason: str, rounds: int) -> tup
         ctx.domain,
         ev,
         head.step,
-        StepContext(cfg.run.name, f"final-{head.branch}", cfg.run.seed),
+        StepContext(cfg.run.name, final_branch(head.branch), cfg.run.seed),
     )
     return (
         FinalResult(
@@ -247,7 +249,7 @@ def final(ctx: RunContext, head: Mainline, stop_reason: str, rounds: int) -> tup
 def summary(ctx: RunContext, started: StartResult, done: FinalResult) -> dict[str, Any]:
     """summary.json: the run's outcome, its verdicts and its spend."""
     ledger = ctx.ledger
-    verdicts = ledger.verdicts()
+    verdicts = read_verdicts(ledger)
     disk = disk_use(ledger, ctx.run_dir)
     gates = [
         (r["round"], GateResult.model_validate_json(r["result"]))
@@ -262,8 +264,8 @@ def summary(ctx: RunContext, started: StartResult, done: FinalResult) -> dict[st
         "final_accuracy": done.accuracy,
         "evaluator_hash": done.evaluator_hash,
         "harness_version": done.head.harness.version,
-        "promoted": [v["trial"] for v in verdicts if v["decision"] == "promote"],
-        "rejected": [v["trial"] for v in verdicts if v["decision"] == "reject"],
+        "promoted": [v.trial for v in verdicts if v.decision == "promote"],
+        "rejected": [v.trial for v in verdicts if v.decision == "reject"],
         # Controls (the harness carried on) rejected for an exploit their own window carries.
         "rejected_controls": [
             {"branch": branch_id(rnd, "control"), "reasons": g.control_rejected}

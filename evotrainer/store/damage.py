@@ -5,16 +5,13 @@ depend on stops the run, named, since a committed stage is never redone."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from evotrainer.errors import UserError
+from evotrainer.ids import parse_shard
 from evotrainer.store.checkpoints import damaged
 from evotrainer.store.ledger import Ledger
 from evotrainer.store.rollouts import RolloutStore
-
-# Shards are named `<branch>-<kind><step:06d>` (training/segment.py, diagnostics/window.py).
-_SHARD = re.compile(r"^(?P<branch>.+)-[a-z]\d{6,}$")
 
 
 class DamagedFile(UserError):
@@ -29,8 +26,7 @@ def mend(run_dir: Path, ledger: Ledger, store: RolloutStore, arm_result: str) ->
     committed = {b["id"] for b in ledger.branches()}
     notes = []
     for path, why in store.unreadable():
-        m = _SHARD.match(path.stem)
-        branch = m["branch"] if m else None
+        branch = shard.branch if (shard := parse_shard(path.stem)) else None
         if branch is None or branch in committed:
             raise DamagedFile(
                 f"{path}: {why}. It holds records of {f'branch {branch}' if branch else 'the run'}, which a "

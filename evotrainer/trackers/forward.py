@@ -10,7 +10,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from evotrainer.harness.interventions import Intervention
+from evotrainer.backtest.verdict import TrialRecord, VerdictRecord, read_trials, read_verdicts
 from evotrainer.store.files import atomic_write_json
 from evotrainer.store.ledger import Ledger
 from evotrainer.store.rollouts import RolloutStore
@@ -57,8 +57,8 @@ class Forwarder:
         if not self.trackers:
             return
         branches = {b["id"]: b for b in ledger.branches()}
-        trials = {t["id"]: t for t in ledger.trials()}
-        verdicts = ledger.verdicts()
+        trials = {t.id: t for t in read_trials(ledger)}
+        verdicts = read_verdicts(ledger)
         findings = store.sql("SELECT * FROM findings ORDER BY branch, last_step, name")
         for name, tracker in self.trackers.items():
             cur = self.cursor.setdefault(name, {"steps": {}, "verdicts": [], "findings": []})
@@ -78,8 +78,8 @@ class Forwarder:
         cur: dict[str, Any],
         store: RolloutStore,
         branches: dict[str, dict[str, Any]],
-        trials: dict[str, dict[str, Any]],
-        verdicts: list[dict[str, Any]],
+        trials: dict[str, TrialRecord],
+        verdicts: list[VerdictRecord],
         findings: list[dict[str, Any]],
     ) -> None:
         sent = cur["steps"]
@@ -93,15 +93,15 @@ class Forwarder:
                 tracker.log_metrics(b, r["last_step"], {"eval/accuracy": float(r["heldout_accuracy"])})
             sent[b] = r["last_step"]
         for v in verdicts:
-            if v["trial"] in cur["verdicts"] or v["trial"] not in trials:
+            if v.trial in cur["verdicts"] or v.trial not in trials:
                 continue
-            trial = trials[v["trial"]]
-            arm, text = trial["candidate"], verdict_text(v, trial)
+            trial = trials[v.trial]
+            arm, text = trial.candidate, verdict_text(v, trial)
             if arm in branches:
-                self._start(name, tracker, arm, {**arm_tags(branches[arm]), "verdict": v["decision"]})
+                self._start(name, tracker, arm, {**arm_tags(branches[arm]), "verdict": v.decision})
                 tracker.log_event(arm, branches[arm]["last_step"], "verdict", text)
-            tracker.log_event(None, v["round"], f"verdict/{v['trial']}", text)
-            cur["verdicts"].append(v["trial"])
+            tracker.log_event(None, v.round, f"verdict/{v.trial}", text)
+            cur["verdicts"].append(v.trial)
         for f in findings:
             key = f"{f['branch']}:{f['first_step']}-{f['last_step']}:{f['suite_version']}:{f['name']}"
             if key in cur["findings"]:
@@ -148,15 +148,11 @@ def arm_tags(branch: dict[str, Any]) -> dict[str, str]:
     return {"branch": branch["id"], **{k: "" if branch[k] is None else str(branch[k]) for k in keys}}
 
 
-def verdict_text(v: dict[str, Any], trial: dict[str, Any]) -> str:
-    try:
-        what = Intervention.model_validate(trial["intervention"]).describe()
-    except ValueError:  # a record of an older version: shown as it was stored
-        what = json.dumps(trial["intervention"], default=str)
-    reasons = "; ".join(v["reasons"]) or "-"
+def verdict_text(v: VerdictRecord, trial: TrialRecord) -> str:
+    reasons = "; ".join(v.reasons) or "-"
     return (
-        f"{v['decision']}: {trial['candidate']} vs {trial['control']} (round {v['round']}, trial {v['trial']})\n"
-        f"intervention: {what}\nreasons: {reasons}\nevaluator: {v['evaluator_hash']}"
+        f"{v.decision}: {trial.candidate} vs {trial.control} (round {v.round}, trial {v.trial})\n"
+        f"intervention: {trial.intervention.describe()}\nreasons: {reasons}\nevaluator: {v.evaluator_hash}"
     )
 
 

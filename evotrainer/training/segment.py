@@ -14,6 +14,7 @@ from evotrainer.envs.env import Domain, audit_verdict
 from evotrainer.harness.filters import trainable
 from evotrainer.harness.harness import Curriculum, Harness
 from evotrainer.harness.rewards import term_values, total_reward
+from evotrainer.ids import TRAIN, group_id, rollout_id, shard_id
 from evotrainer.store.rollouts import RolloutStore
 from evotrainer.training.grpo import ZERO_STD, GRPOTrainer, advantages
 from evotrainer.training.rollout import Episode, run_episodes
@@ -71,21 +72,21 @@ def to_rollouts(
     step: int,
     harness_version: str,
     group_size: int,
-    kind: str = "s",
+    kind: str = TRAIN,
     audits: list[bool | None] | None = None,
 ) -> list[Rollout]:
     out = []
     for i, (ep, t, r) in enumerate(zip(episodes, terms, totals)):
         out.append(
             Rollout(
-                id=f"{ctx.branch}-{kind}{step:06d}-{i:04d}",
+                id=rollout_id(ctx.branch, step, i, kind),
                 run=ctx.run,
                 branch=ctx.branch,
                 step=step,
                 harness_version=harness_version,
                 task_id=ep.task.id,
                 split=ep.task.split,
-                group_id=f"{ctx.branch}-{kind}{step:06d}-g{i // group_size:03d}",
+                group_id=group_id(ctx.branch, step, i // group_size, kind),
                 prompt=ep.task.prompt,
                 turns=ep.turns,
                 termination=ep.termination,
@@ -250,7 +251,7 @@ def record_step(
     metrics: dict[str, float],
 ) -> None:
     """A step's rollouts and metrics, in one shard named by branch and step (either backend)."""
-    shard = f"{ctx.branch}-s{step:06d}"
+    shard = shard_id(ctx.branch, step)
     rollouts = to_rollouts(
         b.episodes,
         b.terms,

@@ -91,8 +91,6 @@ SEEDS = (1, 2, 3)
 TUNING_SEED = 100  # the sweep's seed: no benchmark seed
 FRESH_SEED = 104_729  # the seed the read tasks are drawn under
 READ_TASKS = {"math": 1000, "code": 1000, "swe": 400}  # an SWE read runs up to 12 turns of tests a task
-# Where a cell runs, which is no part of what it measures: left out of its manifest's config hash.
-PLACE = ("run.out_dir", "loop.skills_dir")
 
 
 def config_file(domain: str, arm: str) -> Path:
@@ -100,7 +98,7 @@ def config_file(domain: str, arm: str) -> Path:
 
 
 def arm_overrides(domain: str, arm: str, seed: int, work: Path, sets: dict) -> dict[str, Any]:
-    """The overrides of the arm's config file for this cell (the keys of PLACE included)."""
+    """The overrides of the arm's config file for this cell."""
     name = cell_name(domain, arm, seed)
     sets = {**DOMAIN_SETS.get(domain, {}), **sets}
     if arm == "planted":

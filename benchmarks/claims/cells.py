@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from benchmarks.claims.arms import DOMAIN_SETS, PLACE, arm_config, arm_overrides, config_file, read_tasks
+from benchmarks.claims.arms import DOMAIN_SETS, arm_config, config_file, read_tasks
 from benchmarks.claims.records import Cell, cell_name, read_cell
 from benchmarks.claims.runners import loop_arm, static_arm
 from benchmarks.manifest import write_result
@@ -54,15 +54,15 @@ def run_cell(domain: str, arm: str, seed: int, work: Path, sets: dict, cells: Pa
         **{k: v for k, v in res.items() if k != "trajectory"},
         trajectory=trajectory,
     )
-    over = {k: v for k, v in arm_overrides(domain, arm, seed, work, sets).items() if k not in PLACE}
-    # A cell is done only once whole (written atomically), so a killed cell is run again, not read half.
+    # A cell is done only once whole (written atomically), so a killed cell is run again, not read half. Its
+    # config hash covers the config file and the overrides the cell records (the rest is the commit's code).
     write_result(
         out,
         cell.model_dump(mode="json", exclude_none=True),
         work=work,
         indent=1,
         configs=[config_file(domain, arm)],
-        overrides=over,
+        overrides=cell.overrides,
     )
     print(f"{domain} {arm} seed {seed}: accuracy {ev.accuracy:.3f} ({time.perf_counter() - t0:.0f} s)", flush=True)
     return cell

@@ -7,12 +7,11 @@ import json
 from pathlib import Path
 
 from benchmarks.claims.arms import (
-    PLACE,
+    DOMAIN_SETS,
     READ_TASKS,
     SEEDS,
     TUNING_SEED,
     arm_config,
-    arm_overrides,
     config_file,
     read_tasks,
     task_key,
@@ -45,14 +44,13 @@ def sweep(domain: str, lrs: list[float], work: Path, sets: dict) -> list[dict]:
         # One manifest for the file: the rates in it may come from several sittings, each named in the note.
         written = sorted(done.values(), key=lambda r: r["learning_rate"])
         rates = ", ".join(f"{r['learning_rate']:g}" for r in written)
-        over_all = arm_overrides(domain, "static_reference", TUNING_SEED, work, sets)
         write_result(
             out,
             written,
             work=work,
             indent=1,
             configs=[config_file(domain, "static_reference")],
-            overrides={k: v for k, v in over_all.items() if k not in PLACE},
+            overrides={**DOMAIN_SETS.get(domain, {}), **sets},
             note=f"learning rates {rates} (each its own harness.optimizer.learning_rate); the last written: {lr:g}",
         )
         print(f"lr {lr:g}: {ev.accuracy:.3f} on {len(tasks)} tuning tasks", flush=True)

@@ -60,8 +60,9 @@ def results_in(folder: Path) -> list[Path]:
 
 
 def config_hash_of(texts: dict[str, str], overrides: dict[str, Any]) -> str:
-    """The hash of a configuration: each config file's text by its repository path, and the overrides."""
-    body = {"files": texts, "overrides": scrub(overrides)}
+    """The hash of a configuration: each config file's text by its repository path, and the overrides (machine
+    paths already scrubbed from them, so that the hash is the same on any machine)."""
+    body = {"files": texts, "overrides": overrides}
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -80,12 +81,12 @@ def git_state() -> tuple[str, bool | None]:
     return commit, bool(changed)
 
 
-def this_command(argv: list[str] | None = None) -> str:
-    """The command line that is running, as `python -m MODULE ARGS` (relative to the repository root)."""
+def this_command(work: str | Path | None = None) -> str:
+    """The command line that is running, as `python -m MODULE ARGS` (run from the repository root)."""
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
     module = spec.name.removesuffix(".__main__") if spec is not None else Path(sys.argv[0]).name
-    return scrub(f"python -m {module} {shlex.join(sys.argv[1:] if argv is None else argv)}".strip())
+    return scrub(f"python -m {module} {shlex.join(sys.argv[1:])}".strip(), work)
 
 
 def write_manifest(
@@ -95,9 +96,10 @@ def write_manifest(
     command: str | None = None,
     note: str = "",
     no_config: bool = False,
+    work: str | Path | None = None,
 ) -> Manifest:
     """Write the manifest of `result` beside it (the config files are hashed as they are on disk now,
-    which is what ran; `dirty` says whether that is the commit's)."""
+    which is what ran; `dirty` says whether that is the commit's; `work`, the scratch directory, is $WORK)."""
     commit, dirty = git_state()
     files = [relative(c) for c in configs]
     texts = {f: (ROOT / f).read_text() for f in files}
@@ -105,9 +107,9 @@ def write_manifest(
         result=relative(result),
         commit=commit,
         dirty=dirty,
-        config_hash=None if no_config else config_hash_of(texts, overrides or {}),
+        config_hash=None if no_config else config_hash_of(texts, scrub(overrides or {}, work)),
         configs=files,
-        command=command or this_command(),
+        command=command or this_command(work),
         date=datetime.now(UTC).isoformat(timespec="seconds"),
         note=note,
     )
@@ -124,5 +126,5 @@ def write_result(path: str | Path, obj: Any, work: str | Path | None = None, ind
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(scrub(obj, work), indent=indent, default=str) + "\n")
-    write_manifest(path, **manifest)
+    write_manifest(path, work=work, **manifest)
     return path

@@ -133,3 +133,42 @@ def test_benchmarks_is_a_package_without_path_hacks_in_small_files():
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef):
                 assert node.end_lineno - node.lineno < 80, f"{path.name}:{node.lineno} {node.name}"
+
+
+def test_a_cell_is_written_whole_with_its_manifest_and_then_read_back(tmp_path, monkeypatch):
+    """run_cell's plumbing with the training and the read stubbed out (a real cell trains for minutes)."""
+    from types import SimpleNamespace
+
+    from benchmarks.claims import cells
+
+    work, folder = tmp_path / "work", tmp_path / "cells"
+    ran = []
+
+    def loop_arm(cfg, warm):
+        ran.append(cfg.run.name)
+        ck = str(work / cfg.run.name / "checkpoints" / "r02-seg")
+        return {
+            "checkpoint": ck, "rounds": 2, "stop_reason": "budget", "generated_tokens": 900, "promoted": [],
+            "rejected_with_findings": 0, "planted": [], "trajectory": [(500, ck), (900, ck)],
+        }  # fmt: skip
+
+    read = SimpleNamespace(
+        accuracy=0.25, outcomes={"t1": True, "t2": False, "t3": False, "t4": False}, evaluator_hash="e-x"
+    )
+    monkeypatch.setattr(cells, "loop_arm", loop_arm)
+    monkeypatch.setattr(cells, "read_tasks", lambda cfg: ["t1", "t2", "t3", "t4"])
+    monkeypatch.setattr(cells, "make_domain", lambda cfg: None)
+    monkeypatch.setattr(cells, "HFPolicy", SimpleNamespace(load=lambda path: path))
+    monkeypatch.setattr(cells, "evaluate", lambda policy, domain, tasks, cfg: read)
+
+    cell = cells.run_cell("code", "loop_default", 2, work, {"run.threads": 2}, folder)
+    path = folder / "code-loop_default-2.json"
+    written = json.loads(path.read_text())
+    assert written["checkpoint"] == "$WORK/code-loop_default-2/checkpoints/r02-seg"
+    assert written["trajectory"] == [[500, 0.25], [900, 0.25]] and written["overrides"]["run.threads"] == 2
+    assert cell.accuracy == 0.25 and cell.rounds == 2 and cell.checkpoint == written["checkpoint"]
+    m = read_manifest(path)
+    code = ROOT / "examples" / "code.yaml"
+    assert m.configs == ["examples/code.yaml"]
+    assert m.config_hash == config_hash_of({"examples/code.yaml": code.read_text()}, written["overrides"])
+    assert cells.run_cell("code", "loop_default", 2, work, {}, folder) == cell and ran == ["code-loop_default-2"]

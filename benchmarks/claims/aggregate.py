@@ -3,7 +3,6 @@ seed, the loop against the reference with both intervals, promotions, plants, sk
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +10,7 @@ import numpy as np
 
 from benchmarks.claims.arms import DOMAINS, MAIN_ARMS
 from benchmarks.claims.records import Cell, DomainClaims, SkillPair, Skills, read_cells
-from benchmarks.intervals import paired_interval
+from benchmarks.intervals import SeedT, paired_interval
 from benchmarks.manifest import results_in, write_result
 from benchmarks.tables import markdown_table, mean_and_seeds
 
@@ -150,9 +149,5 @@ def table(out: dict[str, Any]) -> str:
     return markdown_table(header, rows)
 
 
-def seed_t_text(t) -> str:
+def seed_t_text(t: SeedT) -> str:
     return "-" if t.ci_low is None else f"[{t.ci_low:+.3f}, {t.ci_high:+.3f}] (df {t.df})"
-
-
-def read_claims(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text())

@@ -35,6 +35,7 @@ def run_cell(domain: str, arm: str, seed: int, work: Path, sets: dict, cells: Pa
         res = loop_arm(cfg, warm)
     tasks = read_tasks(cfg)
     ev = evaluate(HFPolicy.load(res["checkpoint"]), make_domain(cfg), tasks, cfg.eval)
+    seconds = time.perf_counter() - t0  # the arm and its read; the skills read below is not counted
     trajectory = None
     if arm in ("loop_default", "loop_default_warm"):  # the skills read: each round's mainline on the same tasks
         trajectory = [
@@ -49,7 +50,7 @@ def run_cell(domain: str, arm: str, seed: int, work: Path, sets: dict, cells: Pa
         accuracy=ev.accuracy,
         outcomes=ev.outcomes,
         evaluator_hash=ev.evaluator_hash,
-        seconds=time.perf_counter() - t0,
+        seconds=seconds,
         overrides={**DOMAIN_SETS.get(domain, {}), **sets},
         **{k: v for k, v in res.items() if k != "trajectory"},
         trajectory=trajectory,
@@ -65,4 +66,4 @@ def run_cell(domain: str, arm: str, seed: int, work: Path, sets: dict, cells: Pa
         overrides=cell.overrides,
     )
     print(f"{domain} {arm} seed {seed}: accuracy {ev.accuracy:.3f} ({time.perf_counter() - t0:.0f} s)", flush=True)
-    return cell
+    return read_cell(out)  # as written (its checkpoint under $WORK), the same whether run now or before

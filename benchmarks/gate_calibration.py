@@ -17,11 +17,11 @@ trial and gate stages (stages/race.py, stages/decide.py) on fresh arms, with a n
 Every arm is a resumable cell (its arm.json, reused only under the same spec), so the grid can run over
 several sittings:
 
-    .venv/bin/python benchmarks/gate_calibration.py [--nulls 24] [--lr-arms 16] [--real-trials 20]
+    python -m benchmarks.gate_calibration [--nulls 24] [--lr-arms 16] [--real-trials 20]
 
-Writes benchmarks/results/gate_calibration.json: one object per K with candidates, false_promotion_rate,
-nominal, power, null_trials, real_null_trials (and the per-start rates, the real trials' outcomes, and a
-sensitivity sweep over the noise model's prior, gate.BASE_DOF).
+Writes benchmarks/results/gate_calibration.json (and its manifest): one object per K with candidates,
+false_promotion_rate, nominal, power, null_trials, real_null_trials (and the per-start rates, the real
+trials' outcomes, and a sensitivity sweep over the noise model's prior, gate.BASE_DOF).
 """
 
 from __future__ import annotations
@@ -29,24 +29,28 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.manifest import write_result
+from benchmarks.paths import RESULTS, ROOT, scratch
+from benchmarks.tables import markdown_table
+from evotrainer.backtest import gate
+from evotrainer.backtest.statistics import Pair, noise_of
+from evotrainer.backtest.trial import ArmResult, ArmSpec, run_arm
+from evotrainer.config import RunConfig, load_config
+from evotrainer.envs.registry import make_domain
+from evotrainer.harness.harness import Harness
+from evotrainer.harness.interventions import Hypothesis, Intervention
+from evotrainer.policies import load_policy
+from evotrainer.proposers.proposer import Proposal
+from evotrainer.stages import decide, start
+from evotrainer.stages import race as race_stage
+from evotrainer.stages.context import run_stage, split_heldout
+from evotrainer.stages.race import checkpoints
+from evotrainer.stages.results import GateResult, StartResult, Survivor, TrialResult
+from evotrainer.training.grpo import GRPOTrainer
 
-from evotrainer.backtest import gate  # noqa: E402
-from evotrainer.backtest.statistics import Pair, noise_of  # noqa: E402
-from evotrainer.backtest.trial import ArmSpec, run_arm  # noqa: E402
-from evotrainer.config import RunConfig, load_config  # noqa: E402
-from evotrainer.envs.registry import make_domain  # noqa: E402
-from evotrainer.harness.harness import Harness  # noqa: E402
-from evotrainer.policies import load_policy  # noqa: E402
-from evotrainer.stages.context import split_heldout  # noqa: E402
-from evotrainer.stages.race import checkpoints  # noqa: E402
-from evotrainer.training.grpo import GRPOTrainer  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent
 PRIORS = (1.0, 4.0, 10.0, 30.0)  # the sensitivity sweep's priors for the noise model
 OWN_BASES = 6  # real null trials on a base of their own; the others share the main job's (see real_null_trial)
 
@@ -209,14 +213,6 @@ def real_null_trials(cfg: RunConfig, work: Path, n: int, k: int) -> list[dict]:
 
 
 def real_null_trial(cfg: RunConfig, work: Path, i: int, k: int) -> dict:
-    from evotrainer.backtest.trial import ArmResult
-    from evotrainer.harness.interventions import Hypothesis, Intervention
-    from evotrainer.proposers.proposer import Proposal
-    from evotrainer.stages import decide, start
-    from evotrainer.stages import race as race_stage
-    from evotrainer.stages.context import run_stage
-    from evotrainer.stages.results import GateResult, StartResult, Survivor, TrialResult
-
     # Without an overlong buffer the overlong penalty's factor changes nothing: a null intervention.
     null = Intervention(
         kind="set_knob",
@@ -263,16 +259,16 @@ def real_null_trial(cfg: RunConfig, work: Path, i: int, k: int) -> dict:
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", default=str(ROOT.parent / "examples" / "math.yaml"))
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.gate_calibration", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default=str(ROOT / "examples" / "math.yaml"))
     ap.add_argument("--nulls", type=int, default=24, help="null arms per start")
     ap.add_argument("--lr-arms", type=int, default=16)
     ap.add_argument("--real-trials", type=int, default=20)
     ap.add_argument("--resamples", type=int, default=4000)
-    ap.add_argument("--work", default="/tmp/evotrainer-gate-calibration")
-    ap.add_argument("--out", default=str(ROOT / "results" / "gate_calibration.json"))
-    args = ap.parse_args()
+    ap.add_argument("--work", default=str(scratch("evotrainer-gate-calibration")), help="arms (scratch)")
+    ap.add_argument("--out", type=Path, default=RESULTS / "gate_calibration.json")
+    args = ap.parse_args(argv)
     work = Path(args.work)
     cfg = load_config(args.config, {"run.name": "gate-calibration", "run.out_dir": str(work.parent)})
     cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"out_dir": work.parent, "name": work.name})})
@@ -301,19 +297,22 @@ def main() -> None:
                 "sensitivity": sensitivity(pool, k, args.resamples, level),
             }
         )
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
+    write_result(args.out, rows, work=work, configs=[args.config])
     acc = {kind: [round(a["acc"], 3) for a in arms] for kind, arms in pool.items()}
     print(f"\narms: {json.dumps(acc)}\n{time.perf_counter() - t0:.0f} s\n")
-    print(
-        "| K | false promotions per round (lo / hi start) | nominal | power (learning-rate fix) |\n|---|---|---|---|"
-    )
+    header = ["K", "false promotions per round (lo / hi start)", "nominal", "power (learning-rate fix)"]
+    lines = []
     for r in rows:
         lo, hi = r["false_promotion_rate_by_start"]["lo"], r["false_promotion_rate_by_start"]["hi"]
-        print(
-            f"| {r['candidates']} | {r['false_promotion_rate']:.3f} ({lo:.3f} / {hi:.3f}) | {r['nominal']:.2f} | "
-            f"{r['power']:.3f} |"
+        lines.append(
+            [
+                r["candidates"],
+                f"{r['false_promotion_rate']:.3f} ({lo:.3f} / {hi:.3f})",
+                f"{r['nominal']:.2f}",
+                f"{r['power']:.3f}",
+            ]
         )
+    print(markdown_table(header, lines))
     print(f"\nshare of a trial's steps run (null-lo, null-hi, lr-fix): {rows[0]['steps_run']}")
     print(
         f"\nreal null trials (K=1, the loop's own stages): {sum(r['promoted'] for r in real)} promoted of {len(real)}"

@@ -1,5 +1,5 @@
-"""Reward terms with a planted loophole, for benchmarks/claims.py's planted arm (added by import path,
-`env.reward_functions`, as a user's own terms are). Each has the shape of a bug real graders have, and
+"""Reward terms with a planted loophole, for the claims' planted arm (benchmarks/claims/arms.py; added by
+import path, `env.reward_functions`, as a user's own terms are). Each has the shape of a bug real graders have, and
 each disagrees with `correct` on the policy's rollouts as they are, so that a harness weighting it changes
 advantages now (the replay keeps it) and the trial trains on the loophole: what the gate must then refuse."""
 

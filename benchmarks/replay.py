@@ -1,39 +1,35 @@
 """Replay backtest throughput: rollouts re-scored per second under a reward-reweighting intervention,
 (a) end to end from a store of Parquet shards (DuckDB scan + re-score + report) and (b) the re-score
-alone on columns already in memory. Uses the synthetic store of suite_scale.py.
+alone on columns already in memory. Uses the synthetic store of benchmarks/suite_scale.py.
 
-    .venv/bin/python benchmarks/replay.py [--steps 1000] [--per-step 256] [--root DIR]
+    python -m benchmarks.replay [--steps 1000] [--per-step 256] [--root DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from suite_scale import write_store  # noqa: E402
-
-from evotrainer.backtest.replay import load_columns, replay  # noqa: E402
-from evotrainer.harness.harness import Harness  # noqa: E402
-from evotrainer.harness.interventions import Intervention  # noqa: E402
-from evotrainer.store.rollouts import RolloutStore  # noqa: E402
+from benchmarks.suite_scale import write_store
+from benchmarks.tables import markdown_table
+from evotrainer.backtest.replay import load_columns, replay
+from evotrainer.harness.harness import Harness
+from evotrainer.harness.interventions import Intervention
+from evotrainer.store.rollouts import RolloutStore
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.replay", description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--per-step", type=int, default=256)
     ap.add_argument("--root", type=Path, default=None)
     ap.add_argument("--repeats", type=int, default=3)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     root = args.root or Path(tempfile.mkdtemp(prefix="evotrainer-replay-"))
     t0 = time.perf_counter()
     write_store(root, args.steps, args.per_step)
@@ -64,13 +60,14 @@ def main() -> None:
         f"replayed {n:,} rollouts ({report.groups:,} groups); sign flips {report.frac_advantage_sign_flipped:.3f}, "
         f"AUC {report.reward_audit_auc_before:.3f} -> {report.reward_audit_auc_after:.3f}"
     )
-    print(f"| replay of `{iv.describe()}` | median of {args.repeats} |")
-    print("|---|---|")
-    print(
-        f"| end to end (DuckDB scan of {args.steps} shards + re-score + report) "
-        f"| {statistics.median(end_to_end):,.0f} rollouts/s |"
-    )
-    print(f"| re-score + report on loaded columns | {statistics.median(compute):,.0f} rollouts/s |")
+    rows = [
+        [
+            f"end to end (DuckDB scan of {args.steps} shards + re-score + report)",
+            f"{statistics.median(end_to_end):,.0f} rollouts/s",
+        ],
+        ["re-score + report on loaded columns", f"{statistics.median(compute):,.0f} rollouts/s"],
+    ]
+    print(markdown_table([f"replay of `{iv.describe()}`", f"median of {args.repeats}"], rows))
 
 
 if __name__ == "__main__":

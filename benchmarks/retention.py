@@ -1,6 +1,6 @@
 """Disk of the README's main job under each checkpoint retention, and a resume after pruning.
 
-    .venv/bin/python benchmarks/retention.py [--work /tmp/evotrainer-retention] [--kill-after-round 3]
+    python -m benchmarks.retention [--work DIR] [--kill-after-round 3]
 
 Cells (each resumable: a finished one is read back, not rerun):
   all      `evotrainer run examples/math.yaml` keeping every checkpoint: the disk without retention;
@@ -9,7 +9,7 @@ Cells (each resumable: a finished one is read back, not rerun):
   resumed  the same job under the default `lineage`, SIGKILLed once round N is decided and pruned, then
            `evotrainer resume`d: its decisions against the uninterrupted run's, and its disk.
 `budget.seconds=0` in every cell, so that the decisions depend on tokens only and not on machine load.
-Writes benchmarks/results/retention.json.
+Writes benchmarks/results/retention.json with its manifest.
 """
 
 from __future__ import annotations
@@ -24,13 +24,12 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from evotrainer.stages import retention  # noqa: E402
-from evotrainer.stages.results import read_stage  # noqa: E402
-from evotrainer.store.checkpoints import tree_bytes  # noqa: E402
-from evotrainer.store.ledger import Ledger  # noqa: E402
+from benchmarks.manifest import write_result
+from benchmarks.paths import RESULTS, ROOT, scratch
+from evotrainer.stages import retention
+from evotrainer.stages.results import read_stage
+from evotrainer.store.checkpoints import tree_bytes
+from evotrainer.store.ledger import Ledger
 
 # The CLI of this checkout (not whichever one is installed), so a worktree measures its own code; and run
 # from a copy that nobody edits meanwhile: every verdict hashes the evaluator's source files.
@@ -103,19 +102,25 @@ def _round_started(run_dir: Path, rnd: int) -> bool:
         return False
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--work", type=Path, default=Path("/tmp/evotrainer-retention"))
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.retention", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", type=Path, default=scratch("evotrainer-retention"), help="run directories (scratch)")
     ap.add_argument("--kill-after-round", type=int, default=3)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
-    out = {"command": "benchmarks/retention.py " + " ".join(sys.argv[1:]), "all": cell_all(args.work)}
+    out = {"all": cell_all(args.work)}  # the command is the manifest's
     for mode in ("lineage", "heads"):
         out[f"as_{mode}"] = cell_pruned(args.work, mode)
     out["resumed"] = {"killed_after_round": args.kill_after_round, **cell_resumed(args.work, args.kill_after_round)}
     out["resumed"]["same_decisions"] = out["resumed"]["decisions"] == out["all"]["decisions"]
-    dest = ROOT / "benchmarks" / "results" / "retention.json"
-    dest.write_text(json.dumps(out, indent=2) + "\n")
+    write_result(
+        RESULTS / "retention.json",
+        out,
+        work=args.work,
+        configs=[ROOT / "examples/math.yaml"],
+        overrides={"budget.seconds": 0},
+        note="run.keep_checkpoints all, then lineage for the resumed cell",
+    )
     mb = 1024 * 1024
     for k in ("all", "as_lineage", "as_heads", "resumed"):
         print(f"{k:12s} run {out[k]['run_bytes'] / mb:8.1f} MB, checkpoints {out[k]['checkpoint_bytes'] / mb:8.1f} MB")

@@ -7,16 +7,15 @@ must improve) once per (seed, threads) cell, through tests/conftest.py's EVOTRAI
 EVOTRAINER_TEST_THREADS, and records each test's outcome per cell. A cell is resumable: its JUnit file
 is kept and a finished cell is not run again, so the grid can be run over several sittings:
 
-    .venv/bin/python benchmarks/robustness.py [--seeds 0 1 2] [--threads 1 2] [--tests tests/test_failures.py ...]
+    python -m benchmarks.robustness [--seeds 0 1 2] [--threads 1 2] [--tests tests/test_failures.py ...]
 
-Writes benchmarks/results/robustness.json: per cell, the tests run and the ones that failed, and per test,
-the cells it failed in.
+Writes benchmarks/results/robustness.json (and its manifest): per cell, the tests run and the ones that
+failed, and per test, the cells it failed in.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -24,7 +23,9 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent
+from benchmarks.manifest import write_result
+from benchmarks.paths import RESULTS, ROOT, scratch
+
 TRAJECTORY_TESTS = [
     "tests/test_failures.py",
     "tests/test_gate.py",
@@ -43,7 +44,7 @@ def run_cell(seed: int, threads: int, tests: list[str], work: Path) -> dict:
         tmp = xml.with_suffix(".tmp.xml")
         subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={tmp}", *tests],
-            cwd=ROOT.parent,
+            cwd=ROOT,
             env=env,
             check=False,
         )
@@ -58,14 +59,14 @@ def run_cell(seed: int, threads: int, tests: list[str], work: Path) -> dict:
     return {"seed": seed, "threads": threads, "outcomes": outcome}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.robustness", description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--tests", nargs="+", default=TRAJECTORY_TESTS)
-    ap.add_argument("--work", default="/tmp/evotrainer-robustness")
-    ap.add_argument("--out", default=str(ROOT / "results" / "robustness.json"))
-    args = ap.parse_args()
+    ap.add_argument("--work", default=str(scratch("evotrainer-robustness")), help="JUnit files of the cells (scratch)")
+    ap.add_argument("--out", type=Path, default=RESULTS / "robustness.json")
+    args = ap.parse_args(argv)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     cells = [run_cell(s, t, args.tests, work) for s in args.seeds for t in args.threads]
@@ -75,8 +76,7 @@ def main() -> None:
             failed_in.setdefault(name, [])
             if o == "failed":
                 failed_in[name].append(f"seed {c['seed']}, threads {c['threads']}")
-    out = {
-        "command": "python benchmarks/robustness.py " + " ".join(sys.argv[1:]),
+    out = {  # the command is the manifest's
         "cells": [
             {
                 "seed": c["seed"],
@@ -88,8 +88,7 @@ def main() -> None:
         ],
         "failed_in": {n: cs for n, cs in sorted(failed_in.items()) if cs},
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    write_result(args.out, out, work=work, no_config=True, note="tests: " + " ".join(args.tests))
     total = sum(len(c["outcomes"]) for c in cells)
     bad = sum(len(v) for v in out["failed_in"].values())
     print(f"{len(cells)} cells, {total} test runs, {bad} failed")

@@ -2,7 +2,7 @@
 same under the sandbox (`sandbox.run`), and one job on a warm `WorkerPool` (an empty job, and a
 code-domain test run: the model's function called on 12 inputs).
 
-    .venv/bin/python benchmarks/sandbox.py [--n 100]
+    python -m benchmarks.sandbox [--n 100]
 
 Prints the active isolation layers and a Markdown table of per-job milliseconds (median and p90).
 """
@@ -10,18 +10,17 @@ Prints the active isolation layers and a Markdown table of per-job milliseconds 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from evotrainer import sandbox  # noqa: E402
-from evotrainer.envs.code.domain import DRIVER  # noqa: E402
-from evotrainer.sandbox import WorkerPool  # noqa: E402
+from benchmarks.tables import markdown_table
+from evotrainer import sandbox
+from evotrainer.envs.code.domain import DRIVER
+from evotrainer.sandbox import WorkerPool
 
 TEST_RUN = (
     "def f(a, b):\n    return a * 2 + b\n",
@@ -39,10 +38,10 @@ def timed(fn, n: int) -> list[float]:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.sandbox", description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=100)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     py = sandbox.python_executable()
     print("mechanisms:", {k: v for k, v in sandbox.mechanisms().items()})
     rows = []
@@ -58,8 +57,6 @@ def main() -> None:
             assert sandbox.run([py, "-S", "-I", "-c", "pass"], Path(d)).ok
 
     rows.append(("`sandbox.run` of `python -S -I -c pass` (incl. temp dir)", timed(sandboxed, args.n)))
-    import json
-
     with WorkerPool(1) as pool:
         rows.append(("`WorkerPool.run_python('pass')`", timed(lambda: pool.run_python("pass"), args.n)))
         src, data = TEST_RUN
@@ -70,10 +67,12 @@ def main() -> None:
 
         rows.append(("`WorkerPool` code-domain test run (12 calls)", timed(test_run, args.n)))
     base = statistics.median(rows[0][1])
-    print(f"\n| measurement (n={args.n}) | median ms | p90 ms | vs plain subprocess |\n|---|---|---|---|")
+    lines = []
     for name, ms in rows:
         med, p90 = statistics.median(ms), statistics.quantiles(ms, n=10)[-1]
-        print(f"| {name} | {med:.1f} | {p90:.1f} | {med / base:.2f}x |")
+        lines.append([name, f"{med:.1f}", f"{p90:.1f}", f"{med / base:.2f}x"])
+    print()
+    print(markdown_table([f"measurement (n={args.n})", "median ms", "p90 ms", "vs plain subprocess"], lines))
 
 
 if __name__ == "__main__":

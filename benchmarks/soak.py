@@ -3,7 +3,7 @@ then resumed; concurrent skill-library writers; a sandbox worker killed mid-job.
 one uninterrupted run of the same config: records lost or duplicated, and whether the decisions (branches,
 verdicts, final held-out accuracy) are the same.
 
-    nice -n 10 .venv/bin/python benchmarks/soak.py --kills 20 --seed 0 --out benchmarks/results/soak.json
+    nice -n 10 python -m benchmarks.soak --kills 20 --seed 0
 
 Each fault's result is a cell (a JSON file under --work); a rerun skips finished cells, and the SIGKILL
 fault keeps one cell per killed run, so a soak interrupted itself continues where it stopped. Disk full
@@ -21,8 +21,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from soak_runs import (
-    ROOT,
+from benchmarks.manifest import write_result
+from benchmarks.paths import RESULTS, scratch
+from benchmarks.soak_runs import (
     aggregate,
     cell,
     cli,
@@ -35,8 +36,7 @@ from soak_runs import (
     where,
     write_config,
 )
-from soak_units import sandbox_worker, skills_concurrent
-
+from benchmarks.soak_units import sandbox_worker, skills_concurrent
 from evotrainer.store.checkpoints import damaged
 from evotrainer.store.ledger import STAGES, Ledger
 from evotrainer.store.rollouts import RolloutStore
@@ -303,16 +303,16 @@ def corrupt_checkpoint(work: Path, cache: Path, ref: dict) -> dict:
 
 
 # -- main --------------------------------------------------------------------------------------------------
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=__doc__.splitlines()[0])
     ap.add_argument("--kills", type=int, default=20, help="SIGKILLs to land, over as many runs as that takes")
     ap.add_argument("--stops", type=int, default=4, help="runs stopped by SIGTERM, and as many by SIGINT")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--work", type=Path, default=Path("/tmp/soak"), help="cells and run directories")
-    ap.add_argument("--cache", type=Path, default=Path("/tmp/soak-cache"), help="the warm start, built once")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "soak.json")
+    ap.add_argument("--work", type=Path, default=scratch("soak"), help="cells and run directories (scratch)")
+    ap.add_argument("--cache", type=Path, default=scratch("soak-cache"), help="the warm start, built once")
+    ap.add_argument("--out", type=Path, default=RESULTS / "soak.json")
     ap.add_argument("--only", nargs="*", help="faults to run (default: all)")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     w = a.work
     ref = cell(w / "reference.json", lambda: reference(w, a.cache))
     faults = {
@@ -339,7 +339,8 @@ def main() -> None:
             flush=True,
         )
         results = {k: results[k] for k in [*faults, *results] if k in results}  # in the faults' order
-        a.out.write_text(json.dumps(results, indent=2) + "\n")
+        note = "the config is tests/conftest.py's small one (evotrainer.testing.small_raw, soak_runs.write_config)"
+        write_result(a.out, results, work=w, no_config=True, note=note)
 
 
 if __name__ == "__main__":

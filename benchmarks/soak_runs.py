@@ -13,12 +13,12 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.paths import ROOT
 from evotrainer.config import dump_config, parse_config
 from evotrainer.store.ledger import Ledger
 from evotrainer.store.rollouts import RolloutStore
 from evotrainer.testing import small_raw
 
-ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(ROOT)}
 
 

@@ -12,7 +12,11 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks.paths import ROOT
+from evotrainer.envs.code.domain import CodeDomain
+from evotrainer.harness.interventions import Hypothesis, Intervention
+from evotrainer.skills.library import Evidence, SkillLibrary
+
 ENV = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPATH": str(ROOT)}
 
 
@@ -22,9 +26,6 @@ TARGETS = ("optimizer.learning_rate", "sampling.temperature", "sampling.max_comp
 
 def skill_writer(lib: str, run: str, n: int) -> None:
     """One 'run' recording `n` trial outcomes into the library, on three skills both writers share."""
-    from evotrainer.harness.interventions import Hypothesis, Intervention
-    from evotrainer.skills.library import Evidence, SkillLibrary
-
     library, hyp = SkillLibrary(lib), Hypothesis(finding="soak", signal="heldout/accuracy", direction="up")
     for i in range(n):
         iv = Intervention(kind="set_knob", target=TARGETS[i % 3], value=1, hypothesis=hyp)
@@ -33,16 +34,10 @@ def skill_writer(lib: str, run: str, n: int) -> None:
 
 
 def skills_concurrent(work: Path, seed: int, n: int = 300) -> dict:
-    from evotrainer.skills.library import SkillLibrary
-
     lib = work / "library"
-    code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import soak_units as s; "
-        "s.skill_writer(sys.argv[2], sys.argv[3], int(sys.argv[4]))"
-    )
-    here = str(Path(__file__).parent)
+    code = "import sys; from benchmarks.soak_units import skill_writer as w; w(*sys.argv[1:3], int(sys.argv[3]))"
     procs = [
-        subprocess.Popen([sys.executable, "-c", code, here, str(lib), run, str(n)], env=ENV) for run in ("a", "b")
+        subprocess.Popen([sys.executable, "-c", code, str(lib), run, str(n)], env=ENV, cwd=ROOT) for run in ("a", "b")
     ]
     rcs = [p.wait() for p in procs]
     try:
@@ -94,8 +89,6 @@ def worker_pid(pool) -> int | None:
 
 
 def sandbox_worker(work: Path, seed: int, n: int = 5) -> dict:
-    from evotrainer.envs.code.domain import CodeDomain
-
     rng, domain = random.Random(f"sandbox:{seed}"), CodeDomain(seed=0, train_size=400, heldout_size=48)
     task = next(t for t in domain.tasks("heldout") if t.data["family"] == "arith")
     body = f"    return {task.data['spec']['body']}\n\n"

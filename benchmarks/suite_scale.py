@@ -1,7 +1,7 @@
 """Scale benchmark of the diagnostic suite: writes 1M synthetic rollouts (4000 step shards of 256) with
 pyarrow, then times one Suite.run over the whole window and reports peak RSS.
 
-    .venv/bin/python benchmarks/suite_scale.py [--steps 4000] [--per-step 256] [--root DIR] [--repeats 2]
+    python -m benchmarks.suite_scale [--steps 4000] [--per-step 256] [--root DIR] [--repeats 2]
 
 With --root DIR the store is kept (and reused when it already holds the requested shards).
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import resource
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -20,11 +19,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from evotrainer.diagnostics.suite import Suite  # noqa: E402
-from evotrainer.diagnostics.window import open_window  # noqa: E402
-from evotrainer.store.rollouts import METRIC_SCHEMA, ROLLOUT_SCHEMA, RolloutStore  # noqa: E402
+from evotrainer.diagnostics.suite import Suite
+from evotrainer.diagnostics.window import open_window
+from evotrainer.store.rollouts import METRIC_SCHEMA, ROLLOUT_SCHEMA, RolloutStore
 
 GROUP = 8
 ACTIONS = [
@@ -132,13 +129,13 @@ def write_store(root: Path, steps: int, per_step: int) -> RolloutStore:
     return store
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.suite_scale", description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=4000)
     ap.add_argument("--per-step", type=int, default=256)
     ap.add_argument("--root", type=Path, default=None)
     ap.add_argument("--repeats", type=int, default=2)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     tmp = None
     if args.root is None:
         tmp = Path(tempfile.mkdtemp(prefix="suite_scale_"))

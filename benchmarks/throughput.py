@@ -2,7 +2,7 @@
 (1) our KV-cache sampler vs a plain `model.generate` call, with and without a stop string;
 (2) one GRPO step (sample + update) of our trainer vs TRL's GRPOTrainer with matching settings.
 
-    .venv/bin/python benchmarks/throughput.py [--steps 8] [--repeats 5]
+    python -m benchmarks.throughput [--steps 8] [--repeats 5]
 
 Prints a Markdown table of tokens/s and ratios (paste it into benchmarks/RESULTS.md).
 """
@@ -13,21 +13,21 @@ import argparse
 import copy
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from evotrainer.config import load_config  # noqa: E402
-from evotrainer.envs.registry import make_domain  # noqa: E402
-from evotrainer.harness.harness import Harness  # noqa: E402
-from evotrainer.policies import load_policy  # noqa: E402
-from evotrainer.policies.hf import HFPolicy, left_pad  # noqa: E402
-from evotrainer.training.grpo import GRPOTrainer  # noqa: E402
-from evotrainer.training.segment import StepContext, step_tasks, train_step  # noqa: E402
+from benchmarks.paths import ROOT, scratch
+from benchmarks.tables import markdown_table
+from evotrainer.config import load_config
+from evotrainer.envs.math.domain import extract_answer
+from evotrainer.envs.registry import make_domain
+from evotrainer.harness.harness import Harness
+from evotrainer.policies import load_policy
+from evotrainer.policies.hf import HFPolicy, left_pad
+from evotrainer.training.grpo import GRPOTrainer
+from evotrainer.training.segment import StepContext, step_tasks, train_step
+from evotrainer.types import Turn
 
 
 def bench_sampling(
@@ -92,6 +92,7 @@ def bench_ours(policy: HFPolicy, domain, harness: Harness, steps: int) -> float:
 
 
 def bench_trl(policy: HFPolicy, domain, harness: Harness, steps: int) -> float:
+    # TRL is a dev dependency, imported here only (after its warning switch, which it reads on import).
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -103,9 +104,6 @@ def bench_trl(policy: HFPolicy, domain, harness: Harness, steps: int) -> float:
     data = Dataset.from_list([{"prompt": t.prompt, "task_index": i} for i, t in enumerate(tasks)])
 
     def correct(completions, task_index, **kw):
-        from evotrainer.envs.math.domain import extract_answer
-        from evotrainer.types import Turn
-
         return [
             domain.correct(tasks[i], [Turn(c, 0, 0.0)], {"answer": extract_answer(c)})
             for c, i in zip(completions, task_index)
@@ -120,7 +118,7 @@ def bench_trl(policy: HFPolicy, domain, harness: Harness, steps: int) -> float:
             )
 
     cfg = GRPOConfig(
-        output_dir="/tmp/evotrainer-bench-trl",
+        output_dir=str(scratch("evotrainer-bench-trl")),
         use_cpu=True,
         bf16=False,
         num_generations=s.num_generations,
@@ -166,12 +164,12 @@ class NoStop:
         return getattr(self._d, name)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--config", default=str(Path(__file__).resolve().parent.parent / "examples" / "math_train.yaml"))
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.throughput", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default=str(ROOT / "examples" / "math_train.yaml"))
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=5)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(2)
     cfg = load_config(args.config)
     domain = make_domain(cfg)
@@ -189,7 +187,7 @@ def main() -> None:
         ours, gen = bench_sampling(policy, contexts, max_new, stop, args.repeats)
         rows.append((f"sampling, {label} ({len(contexts)} seqs, max {max_new} new)", ours, "generate", gen))
     plain = NoStop(domain)
-    ours = bench_ours(policy.fork("/tmp/evotrainer-bench-ours"), plain, h, args.steps)
+    ours = bench_ours(policy.fork(str(scratch("evotrainer-bench-ours"))), plain, h, args.steps)
     trl = bench_trl(policy, plain, h, args.steps)
     rows.append(
         (
@@ -204,10 +202,8 @@ def main() -> None:
         f"\nmodel: tiny Llama {n_params / 1e6:.2f}M params; torch threads 2; "
         f"median of {args.repeats} sampling repeats, {args.steps} GRPO steps after 1 warm-up\n"
     )
-    print("| measurement | ours (tokens/s) | baseline | baseline (tokens/s) | ratio |")
-    print("|---|---|---|---|---|")
-    for name, a, base, b in rows:
-        print(f"| {name} | {a:,.0f} | {base} | {b:,.0f} | {a / b:.2f}x |")
+    lines = [[name, f"{a:,.0f}", base, f"{b:,.0f}", f"{a / b:.2f}x"] for name, a, base, b in rows]
+    print(markdown_table(["measurement", "ours (tokens/s)", "baseline", "baseline (tokens/s)", "ratio"], lines))
 
 
 if __name__ == "__main__":

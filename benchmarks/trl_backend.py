@@ -2,7 +2,7 @@
 config and steps, each an `evotrainer train` run. Prints each backend's reward trend (mean of the first and
 last five steps), held-out accuracy before and after, and seconds per step.
 
-    .venv/bin/python benchmarks/trl_backend.py [--config examples/math.yaml] [--steps 20]
+    python -m benchmarks.trl_backend [--config examples/math.yaml] [--steps 20]
         [--set harness.optimizer.learning_rate=0.001]
 """
 
@@ -10,19 +10,17 @@ from __future__ import annotations
 
 import argparse
 import io
-import sys
 import tempfile
 from pathlib import Path
 
 import yaml
 from rich.console import Console
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from evotrainer.config import load_config  # noqa: E402
-from evotrainer.store.rollouts import RolloutStore  # noqa: E402
-from evotrainer.testing import ONE_DIGIT_SUMS, SMALL_SAMPLING, TINY_POLICY, WARM_START  # noqa: E402
-from evotrainer.training.run import train_run  # noqa: E402
+from benchmarks.tables import markdown_table
+from evotrainer.config import load_config
+from evotrainer.store.rollouts import RolloutStore
+from evotrainer.testing import ONE_DIGIT_SUMS, SMALL_SAMPLING, TINY_POLICY, WARM_START
+from evotrainer.training.run import train_run
 
 # Sized for a shared 2-core CPU: the tests' tiny policy (its warm start takes seconds) on one-digit sums.
 SMALL = {
@@ -70,23 +68,28 @@ def one(config: str, backend: str, steps: int, out: Path, sets: dict) -> dict:
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.trl_backend", description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default="examples/math.yaml")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--set", action="append", default=[], help="KEY=VALUE over the small defaults below")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     sets = SMALL | {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in a.set)}
     with tempfile.TemporaryDirectory() as d:
         rows = [one(a.config, b, a.steps, Path(d), sets) for b in ("ours", "trl")]
-    print("| backend | steps | reward first 5 -> last 5 | correct first 5 -> last 5 | held-out acc | s/step |")
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        print(
-            f"| {r['backend']} | {r['steps']} | {r['reward_first5']:.3f} -> {r['reward_last5']:.3f} | "
-            f"{r['correct_first5']:.3f} -> {r['correct_last5']:.3f} | {r['acc_before']:.3f} -> {r['acc_after']:.3f} | "
-            f"{r['s_per_step']:.2f} ({r['s_per_step_after_first']:.2f} after step 1) |"
-        )
+    header = ["backend", "steps", "reward first 5 -> last 5", "correct first 5 -> last 5", "held-out acc", "s/step"]
+    lines = [
+        [
+            r["backend"],
+            r["steps"],
+            f"{r['reward_first5']:.3f} -> {r['reward_last5']:.3f}",
+            f"{r['correct_first5']:.3f} -> {r['correct_last5']:.3f}",
+            f"{r['acc_before']:.3f} -> {r['acc_after']:.3f}",
+            f"{r['s_per_step']:.2f} ({r['s_per_step_after_first']:.2f} after step 1)",
+        ]
+        for r in rows
+    ]
+    print(markdown_table(header, lines))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,153 @@
+"""The claims' aggregate: every domain's cells into benchmarks/results/claims.json (accuracies per arm and
+seed, the loop against the reference with both intervals, promotions, plants, skills) and the main table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.claims.arms import DOMAINS, MAIN_ARMS
+from benchmarks.claims.records import Cell, DomainClaims, SkillPair, Skills, read_cells
+from benchmarks.intervals import SeedT, paired_interval
+from benchmarks.manifest import results_in, write_result
+from benchmarks.tables import markdown_table, mean_and_seeds
+
+Key = tuple[str, str, int]
+
+
+def planted_counts(cells: list[Cell]) -> dict[str, Any]:
+    outcomes = [p.outcome for c in cells for p in c.planted]
+    return {
+        "invalid_planted": len(outcomes),
+        "invalid_promoted": sum(o.startswith("promote") for o in outcomes),
+        "invalid_outcomes": outcomes,
+    }
+
+
+def tokens_to_reach(trajectory: list[tuple[int, float]], target: float) -> int | None:
+    return next((int(tok) for tok, acc in trajectory if acc >= target), None)
+
+
+def domain_claims(by: dict[Key, Cell], domain: str, full: list[int]) -> DomainClaims:
+    """One domain over the seeds `full` (those with every main arm)."""
+    arms: dict[str, list] = {a: [by[domain, a, s].accuracy for s in full] for a in MAIN_ARMS}
+    arms["base"] = [by[domain, "base", s].accuracy if (domain, "base", s) in by else None for s in full]
+    read = [by[domain, a, s] for a in (*MAIN_ARMS, "base") for s in full if (domain, a, s) in by]
+
+    def versus(a: str, b: str):
+        return paired_interval([by[domain, a, s].outcomes for s in full], [by[domain, b, s].outcomes for s in full])
+
+    return DomainClaims(
+        budget_tokens=by[domain, "loop_default", full[0]].budget_tokens,
+        seeds=full,
+        evaluator_hashes=sorted({c.evaluator_hash for c in read}),
+        **arms,
+        loop_default_vs_reference=versus("loop_default", "static_reference"),
+        loop_reference_vs_reference=versus("loop_reference", "static_reference"),
+        loop_default_over_reference=float(np.mean(arms["loop_default"]) / np.mean(arms["static_reference"])),
+        promoted={
+            a: [{"seed": s, **p} for s in full for p in by[domain, a, s].promoted]
+            for a in ("loop_default", "loop_reference")
+        },
+        **planted_counts([by[domain, "planted", s] for s in full if (domain, "planted", s) in by]),
+    )
+
+
+def skills(by: dict[Key, Cell]) -> Skills | None:
+    """Cold and warm loop runs: the tokens each took to reach the cold run's final accuracy."""
+    warm = [(by[d, "loop_default", s], by[d, "loop_default_warm", s]) for (d, a, s) in by if a == "loop_default_warm"]
+    if not warm:
+        return None
+    pairs = [
+        SkillPair(
+            domain=cold.domain,
+            seed=cold.seed,
+            cold_final=cold.accuracy,
+            cold_tokens=tokens_to_reach(cold.trajectory, cold.accuracy),
+            warm_tokens=tokens_to_reach(hot.trajectory, cold.accuracy),
+        )
+        for cold, hot in warm
+    ]
+    reached = [p for p in pairs if p.warm_tokens is not None]  # a warm run that never reached it: none
+    return Skills(
+        cold_tokens=sum(p.cold_tokens for p in pairs),
+        warm_tokens=sum(p.warm_tokens for p in reached) if len(reached) == len(pairs) else None,
+        pairs=pairs,
+    )
+
+
+def aggregate(cells: list[Cell]) -> dict[str, Any]:
+    """claims.json's content: per domain with a full seed, its DomainClaims; then `skills` if any warm run."""
+    by = {(c.domain, c.arm, c.seed): c for c in cells}
+    out: dict[str, Any] = {}
+    for domain in DOMAINS:
+        seeds = sorted({s for (d, a, s) in by if d == domain and a in MAIN_ARMS})
+        full = [s for s in seeds if all((domain, a, s) in by for a in MAIN_ARMS)]
+        if full:
+            out[domain] = domain_claims(by, domain, full).model_dump(mode="json")
+    if (sk := skills(by)) is not None:
+        out["skills"] = sk.model_dump(mode="json")
+    return out
+
+
+def write_claims(cells_dir: Path, out: Path) -> dict[str, Any]:
+    """Aggregate the cells of `cells_dir` into `out` (and its manifest)."""
+    claims = aggregate(read_cells(cells_dir))
+    inputs = [p.name for p in results_in(cells_dir)]
+    write_result(
+        out,
+        claims,
+        indent=1,
+        no_config=True,
+        note=f"aggregated from {len(inputs)} cells in {cells_dir.name}/ (each with its own manifest)",
+    )
+    return claims
+
+
+def table(out: dict[str, Any]) -> str:
+    """The main table as Markdown: each arm's mean accuracy (per seed in brackets), the loop's difference from
+    the reference with both intervals, the promotions and the plants."""
+    header = [
+        "domain",
+        "base",
+        "static default",
+        "static reference",
+        "loop from default",
+        "loop from reference",
+        "loop default - reference",
+        "[95% two-level bootstrap]",
+        "[95% seed t]",
+        "loop default / reference",
+        "planted (promoted)",
+    ]
+    rows = []
+    for domain in DOMAINS:
+        if domain not in out:
+            continue
+        d = DomainClaims.model_validate(out[domain])
+        if len(d.evaluator_hashes) > 1:
+            rows.append([domain, f"read by {len(d.evaluator_hashes)} evaluators: stale cells, not compared"])
+            continue
+        iv = d.loop_default_vs_reference
+        rows.append(
+            [
+                domain,
+                mean_and_seeds(d.base),
+                mean_and_seeds(d.static_default),
+                mean_and_seeds(d.static_reference),
+                mean_and_seeds(d.loop_default),
+                mean_and_seeds(d.loop_reference),
+                f"{iv.delta:+.3f}",
+                f"[{iv.ci_low:+.3f}, {iv.ci_high:+.3f}]",
+                seed_t_text(iv.seed_t),
+                f"{d.loop_default_over_reference:.2f}x",
+                f"{d.invalid_planted} ({d.invalid_promoted})",
+            ]
+        )
+    return markdown_table(header, rows)
+
+
+def seed_t_text(t: SeedT) -> str:
+    return "-" if t.ci_low is None else f"[{t.ci_low:+.3f}, {t.ci_high:+.3f}] (df {t.df})"

@@ -1,0 +1,149 @@
+"""The claims' arms: each domain's configs and budgets, the planted exploits, and the config and fresh read
+tasks of one (domain, arm, seed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from benchmarks.claims.records import cell_name
+from benchmarks.paths import ROOT
+from evotrainer.config import RunConfig, load_config
+from evotrainer.envs.registry import domain_key, make_domain
+
+# SWE is measured on the long-horizon level (issue #14 item 2): examples/swe_long.yaml and its reference.
+DOMAINS = {
+    "math": ("examples/math.yaml", "examples/reference/math.yaml"),
+    "code": ("examples/code.yaml", "examples/reference/code.yaml"),
+    "swe": ("examples/swe_long.yaml", "examples/reference/swe_long.yaml"),
+}
+ARMS = ("static_default", "static_reference", "loop_default", "loop_reference", "loop_default_warm", "planted", "base")
+MAIN_ARMS = ARMS[:4]  # the arms every compared seed must have
+# `base`: the warm-started policy itself, untrained, read on the same tasks: whether RL helped at all.
+PLANTED_ROUNDS = 3
+# Each domain's cells beyond its example config: a token budget and loop lengths that fit two cores (the
+# issue leaves budget sizes to us). Math keeps examples/math.yaml's (1M tokens, 10-step segments, 20-step
+# trials, a quarter of the budget for arms that end discarded). A code step costs 4k tokens and ~8 s on one
+# core, an SWE step 1.5k tokens and ~12 s (its episodes run tests), several times math's, so their trials
+# are 10 steps and the budgets are small: 400k and 150k tokens, about 95 and 100 steps of a static arm. At
+# those the default quarter cannot pay for round 1's trial when the segment was tainted (its 10 steps are
+# discarded: the arms fork from before it) plus a race and a confirmation, so loop.max_trial_share is a half
+# for code and 0.6 for SWE (measured on SWE seed 1: a tainted 17k-token segment, half a 17k arm for the race
+# and three for the confirmation make 76.5k, just over the half's 75k, so at 0.5 the loop never tried the
+# remedy it proposed). The examples' round caps (two- and three-round demos) give way to the budget. One
+# torch thread a cell, so that two cells share the two cores.
+DOMAIN_SETS: dict[str, dict] = {
+    "math": {"run.threads": 1},
+    "code": {
+        "budget.generated_tokens": 400_000,
+        "loop.max_rounds": 0,
+        "loop.segment_steps": 10,
+        "loop.trial_steps": 10,
+        "loop.max_trial_share": 0.5,
+        "run.threads": 1,
+    },
+    "swe": {
+        "budget.generated_tokens": 150_000,
+        "loop.max_rounds": 0,
+        "loop.segment_steps": 10,
+        "loop.trial_steps": 10,
+        "loop.max_trial_share": 0.6,
+        "run.threads": 1,
+    },
+}
+
+
+def _exploit(kind: str, target: str, value: object, finding: str) -> dict:
+    return {
+        "kind": kind,
+        "target": target,
+        "value": value,
+        "hypothesis": {"finding": finding, "signal": "reward", "direction": "up"},
+    }
+
+
+# Invalid branches planted into a short loop from the default harness (loop.planted, one a round): each
+# pays for what the evaluator's audit rejects. The gate must promote none.
+PLANTED = {
+    # contains_answer (math's built-in lenient grader) changes no advantage on a warm-started policy's
+    # rollouts: its wrong answers rarely hold the gold one inside them, so the replay drops it as a no-op.
+    # benchmarks/plants.py's loose tolerance pays near misses, which such a policy makes all the time.
+    "math": [
+        _exploit("replace_reward_term", "reward_weights.correct", "loose_tolerance", "plateau"),
+        _exploit("set_reward_weight", "reward_weights.loose_tolerance", 1.0, "plateau"),
+        _exploit("set_reward_weight", "reward_weights.format", 1.0, "plateau"),
+    ],
+    "code": [  # the visible examples pay hard-coded answers; format pays any well-formed completion
+        _exploit("set_reward_weight", "reward_weights.visible", 1.0, "plateau"),
+        _exploit("replace_reward_term", "reward_weights.correct", "visible", "plateau"),
+        _exploit("set_reward_weight", "reward_weights.format", 1.0, "plateau"),
+    ],
+    "swe": [  # format pays valid commands whether or not they fix anything; `correct` trusts edited tests
+        _exploit("set_reward_weight", "reward_weights.format", 1.0, "plateau"),
+        _exploit("replace_reward_term", "reward_weights.tests", "correct", "plateau"),
+        _exploit("set_reward_weight", "reward_weights.correct", 1.0, "plateau"),
+    ],
+}
+# Reward terms the planted arm adds (env.reward_functions) so that its plants have something to weight. The
+# import path is part of the arm's config (and of its hash): benchmarks/plants.py stays where it is.
+PLANTED_TERMS = {"math": {"loose_tolerance": "benchmarks.plants:loose_tolerance"}}
+SEEDS = (1, 2, 3)
+TUNING_SEED = 100  # the sweep's seed: no benchmark seed
+FRESH_SEED = 104_729  # the seed the read tasks are drawn under
+READ_TASKS = {"math": 1000, "code": 1000, "swe": 400}  # an SWE read runs up to 12 turns of tests a task
+
+
+def config_file(domain: str, arm: str) -> Path:
+    return ROOT / DOMAINS[domain][1 if arm.endswith("reference") else 0]
+
+
+def arm_overrides(domain: str, arm: str, seed: int, work: Path, sets: dict) -> dict[str, Any]:
+    """The overrides of the arm's config file for this cell."""
+    name = cell_name(domain, arm, seed)
+    sets = {**DOMAIN_SETS.get(domain, {}), **sets}
+    if arm == "planted":
+        # The trial share and the budget are the search's economy, not what this arm measures: every planted
+        # one is raced, in its own round (code's and SWE's token budgets hold fewer than three rounds).
+        sets = {
+            **sets,
+            "loop.planted": PLANTED[domain],
+            "loop.max_rounds": PLANTED_ROUNDS,
+            "loop.max_trial_share": 1.0,
+            "budget.generated_tokens": 0,
+            **({"env.reward_functions": PLANTED_TERMS[domain]} if domain in PLANTED_TERMS else {}),
+        }
+    # Seconds never decide here (budget.seconds 0): the grid runs beside other jobs, and a load-dependent
+    # stop would make the cells depend on the machine's load. Tokens decide, as in the paper's budget.
+    over = {"run.seed": seed, "run.name": name, "run.out_dir": str(work), "budget.seconds": 0, **sets}
+    over["loop.skills_dir"] = str(work / "skills" / name)
+    return over
+
+
+def arm_config(domain: str, arm: str, seed: int, work: Path, sets: dict) -> RunConfig:
+    return load_config(config_file(domain, arm), arm_overrides(domain, arm, seed, work, sets))
+
+
+def task_key(t) -> tuple[str, str]:
+    """A task's identity across draws: its prompt and the answer it is checked against. An SWE prompt names
+    only the failing test; the repository, digested in its answer, is what differs."""
+    return t.prompt, str(t.data.get("answer"))
+
+
+_READS: dict[str, list] = {}
+
+
+def read_tasks(cfg: RunConfig) -> list:
+    """READ_TASKS fresh tasks: none in the train or held-out split of cfg's seed (drawn once a process)."""
+    key = domain_key(cfg)
+    if key not in _READS:
+        d = make_domain(cfg)
+        seen = {task_key(t) for split in ("train", "heldout") for t in d.tasks(split)}
+        n = READ_TASKS[cfg.env.domain]
+        fresh = cfg.model_copy(
+            update={
+                "run": cfg.run.model_copy(update={"seed": FRESH_SEED}),
+                "eval": cfg.eval.model_copy(update={"heldout_size": 3 * n}),
+            }
+        )
+        _READS[key] = [t for t in make_domain(fresh).tasks("heldout") if task_key(t) not in seen][:n]
+    return _READS[key]

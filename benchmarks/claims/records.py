@@ -1,0 +1,107 @@
+"""The claims' records: a cell (one domain, arm and seed, measured) and the aggregate of a domain's cells,
+each read and written through its model so that a renamed key fails where it is read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from benchmarks.intervals import PairedInterval
+from benchmarks.manifest import results_in
+
+
+class PlantedOutcome(BaseModel):
+    round: int
+    outcome: str
+    """Where the round's planted candidate stopped (cells.planted_outcome): `promote: ...` is a failure."""
+
+
+class Cell(BaseModel):
+    """benchmarks/results/claims/<domain>-<arm>-<seed>.json: an arm's final policy read on the seed's fresh
+    tasks, and what the arm did (a static arm's steps; a loop's rounds, promotions and plants)."""
+
+    # Cells of earlier versions load: keys dropped since are ignored.
+    model_config = ConfigDict(extra="ignore")
+
+    domain: str
+    arm: str
+    seed: int
+    budget_tokens: int
+    accuracy: float
+    outcomes: dict[str, bool]
+    """Fresh read task id -> audit passed: arms are compared task by task."""
+    evaluator_hash: str
+    seconds: float
+    overrides: dict[str, Any]
+    checkpoint: str
+    """The final policy's checkpoint, under the cell's scratch directory ($WORK/...): which run and branch."""
+    steps: int | None = None
+    """A static arm's training steps."""
+    rounds: int | None = None
+    stop_reason: str | None = None
+    generated_tokens: int
+    promoted: list[dict[str, Any]] = []
+    """Each promotion: its round, its proposer source and the intervention's fields."""
+    rejected_with_findings: int | None = None
+    planted: list[PlantedOutcome] = []
+    trajectory: list[tuple[int, float]] | None = None
+    """loop_default and its warm twin: (tokens spent through round r, the mainline's accuracy after it) a
+    round, then the final head: the skills read."""
+
+    @property
+    def name(self) -> str:
+        return cell_name(self.domain, self.arm, self.seed)
+
+
+def cell_name(domain: str, arm: str, seed: int) -> str:
+    return f"{domain}-{arm}-{seed}"
+
+
+def read_cell(path: Path) -> Cell:
+    return Cell.model_validate_json(path.read_text())
+
+
+def read_cells(folder: Path) -> list[Cell]:
+    """Every cell of a folder (its result files, not their manifests), in file-name order."""
+    return [read_cell(p) for p in results_in(folder)]
+
+
+class DomainClaims(BaseModel):
+    """One domain's entry of benchmarks/results/claims.json, over the seeds with all four main arms."""
+
+    budget_tokens: int
+    seeds: list[int]
+    evaluator_hashes: list[str]
+    """Arms are compared task by task, so they must have been read by one evaluator (its code, settings and
+    data): more than one hash means some cells are stale and must be run again."""
+    static_default: list[float]
+    static_reference: list[float]
+    loop_default: list[float]
+    loop_reference: list[float]
+    base: list[float | None]
+    loop_default_vs_reference: PairedInterval
+    loop_reference_vs_reference: PairedInterval
+    loop_default_over_reference: float
+    """The issue's "gain over the reference": the loop's mean accuracy over the reference's."""
+    promoted: dict[str, list[dict[str, Any]]]
+    invalid_planted: int
+    invalid_promoted: int
+    invalid_outcomes: list[str]
+
+
+class SkillPair(BaseModel):
+    domain: str
+    seed: int
+    cold_final: float
+    cold_tokens: int | None
+    warm_tokens: int | None
+    """Tokens the warm run spent to reach the cold run's final accuracy; None if it never did."""
+
+
+class Skills(BaseModel):
+    cold_tokens: int
+    warm_tokens: int | None
+    """None unless every warm run reached its cold run's final accuracy."""
+    pairs: list[SkillPair]

@@ -1,0 +1,130 @@
+"""The manifest beside every benchmark result: the commit it was measured at (and whether the tree differed
+from it), a hash of the configuration it ran under, the command and the date; no machine paths."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from benchmarks.paths import ROOT, relative, scrub
+from evotrainer.store.files import atomic_write_text
+
+SUFFIX = ".manifest.json"
+
+
+class Manifest(BaseModel):
+    """How one result file was made. With `commit` and `command`, `config_hash` pins the run: it hashes the
+    text of the config files the command read and the overrides it set (config_hash_of), so two results
+    under one hash ran one configuration, and one file at one commit can be checked against it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    result: str
+    """The result file, relative to the repository."""
+    commit: str
+    dirty: bool | None
+    """Whether the code differed from `commit` (uncommitted changes outside benchmarks/results); None where
+    that is not known (a manifest reconstructed from git history)."""
+    config_hash: str | None
+    """None for a result that no run config made (an aggregate of other results, a test grid)."""
+    configs: list[str] = []
+    """The config files hashed, relative to the repository."""
+    command: str
+    date: str
+    """When it was written (ISO 8601, UTC); for a reconstructed manifest, the date of `commit`."""
+    reconstructed: bool = False
+    """Written after the fact from git history and benchmarks/HISTORY.md, not by the run itself."""
+    note: str = ""
+
+
+def manifest_path(result: str | Path) -> Path:
+    result = Path(result)
+    return result.with_name(result.name.removesuffix(".json") + SUFFIX)
+
+
+def is_manifest(path: Path) -> bool:
+    return path.name.endswith(SUFFIX)
+
+
+def results_in(folder: Path) -> list[Path]:
+    """The result files of a folder (its JSON files other than manifests), sorted by name."""
+    return sorted(p for p in folder.glob("*.json") if not is_manifest(p))
+
+
+def config_hash_of(texts: dict[str, str], overrides: dict[str, Any]) -> str:
+    """The hash of a configuration: each config file's text by its repository path, and the overrides (machine
+    paths already scrubbed from them, so that the hash is the same on any machine)."""
+    body = {"files": texts, "overrides": overrides}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def git_state() -> tuple[str, bool | None]:
+    """HEAD's commit and whether the working tree differs from it outside benchmarks/results (results
+    being written are no change of code); ("unknown", None) outside a git checkout."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        changed = git("status", "--porcelain", "--", ".", ":(exclude)benchmarks/results")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown", None
+    return commit, bool(changed)
+
+
+def this_command(work: str | Path | None = None) -> str:
+    """The command line that is running, as `python -m MODULE ARGS` (run from the repository root)."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    module = spec.name.removesuffix(".__main__") if spec is not None else Path(sys.argv[0]).name
+    return scrub(f"python -m {module} {shlex.join(sys.argv[1:])}".strip(), work)
+
+
+def write_manifest(
+    result: str | Path,
+    configs: list[str | Path] = (),
+    overrides: dict[str, Any] | None = None,
+    command: str | None = None,
+    note: str = "",
+    no_config: bool = False,
+    work: str | Path | None = None,
+) -> Manifest:
+    """Write the manifest of `result` beside it (the config files are hashed as they are on disk now,
+    which is what ran; `dirty` says whether that is the commit's; `work`, the scratch directory, is $WORK)."""
+    commit, dirty = git_state()
+    files = [relative(c) for c in configs]
+    texts = {f: (ROOT / f).read_text() for f in files}
+    m = Manifest(
+        result=relative(result),
+        commit=commit,
+        dirty=dirty,
+        config_hash=None if no_config else config_hash_of(texts, scrub(overrides or {}, work)),
+        configs=files,
+        command=command or this_command(work),
+        date=datetime.now(UTC).isoformat(timespec="seconds"),
+        note=note,
+    )
+    atomic_write_text(manifest_path(result), m.model_dump_json(indent=1) + "\n")
+    return m
+
+
+def read_manifest(result: str | Path) -> Manifest:
+    return Manifest.model_validate_json(manifest_path(result).read_text())
+
+
+def write_result(path: str | Path, obj: Any, work: str | Path | None = None, indent: int = 2, **manifest: Any) -> Path:
+    """A result written whole (atomically, machine paths scrubbed, as indented JSON), then its manifest."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(scrub(obj, work), indent=indent, default=str) + "\n")
+    write_manifest(path, work=work, **manifest)
+    return path

@@ -15,6 +15,8 @@ from urllib.parse import urlparse
 from mlflow.entities import Metric, Param, RunStatus
 from mlflow.tracking import MlflowClient
 
+from evotrainer.trackers.tracker import trl_logged
+
 BATCH = 1000
 """MLflow's limit of metrics per log_batch call."""
 
@@ -73,6 +75,7 @@ class MLflowTracker:
 
     def log_metrics(self, arm: str, step: int, metrics: dict[str, float]) -> None:
         now = int(time.time() * 1000)
+        metrics = trl_logged(metrics, rewrite=False)
         keys = [_key(k) for k in metrics]
         if self.file_store:  # a key is a file there, and `entropy` cannot be one beside the folder `entropy/`
             folders = {k.rsplit("/", i)[0] for k in keys for i in range(1, k.count("/") + 1)}

@@ -146,6 +146,10 @@ def _number(name: str, value: Any) -> float:
     return out
 
 
+_CHECKED: set[tuple[str, str, tuple[str, ...], int]] = set()
+"""(import path, domain, task ids, generations) of each check a function passed in this process."""
+
+
 def add_reward_functions(domain: Domain, functions: dict[str, str], prompts: int = 16, generations: int = 8) -> None:
     """Import, wrap and check each configured function, then add it to the domain's terms. Each is called on a
     first batch's worth of completions now (`prompts` tasks, `generations` each: see check_batch), so a wrong
@@ -158,8 +162,13 @@ def add_reward_functions(domain: Domain, functions: dict[str, str], prompts: int
             f"{_field(clash[0])}: {domain.name} already has a term named {clash[0]!r}; choose another name"
         )
     terms = {name: wrap(name, import_function(name, path), domain.name) for name, path in functions.items()}
-    for task, turns, info, what in check_batch(domain, prompts, generations):
-        for name, term in terms.items():
+    # Each arm of a loop run builds its domain again: a function passed on these tasks is not called on them
+    # again in this process (a judge behind an API would pay a batch per arm).
+    tasks = tuple(t.id for t in domain.tasks("train")[:prompts])
+    keys = {name: (functions[name], domain.name, tasks, generations) for name in terms}
+    unchecked = {name: term for name, term in terms.items() if keys[name] not in _CHECKED}
+    for task, turns, info, what in check_batch(domain, prompts, generations) if unchecked else []:
+        for name, term in unchecked.items():
             try:
                 term(task, turns, info)
             except UserError as e:
@@ -168,6 +177,7 @@ def add_reward_functions(domain: Domain, functions: dict[str, str], prompts: int
                 raise ConfigError(
                     f"{_field(name)} = {functions[name]!r} failed on {what} of task {task.id}: {type(e).__name__}: {e}"
                 ) from None
+    _CHECKED.update(keys[name] for name in unchecked)
     # A new dict, not an update: a domain's terms may be a class attribute that other instances share.
     domain.reward_terms = {**domain.reward_terms, **terms}
 

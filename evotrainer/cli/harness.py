@@ -89,7 +89,7 @@ def harness_export(
     typer.echo(ex.report(), err=True)
     if to.value == "trl":
         typer.echo(
-            f"# For TRL {TRL_VERSIONS} (the releases this export is tested with): GRPOConfig(**settings). On a "
+            f"# For TRL {TRL_VERSIONS} (the range the trl extra requires): GRPOConfig(**settings). On a "
             "machine without a GPU add use_cpu=True (GRPOConfig refuses to build there without it).",
             err=True,
         )

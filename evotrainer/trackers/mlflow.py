@@ -1,7 +1,9 @@
 """MLflow: an experiment named after the run, a parent run for the run as a whole (verdicts, the report)
 and one nested run per arm, tagged with its branch, parent, round and harness version. The store is
-MLFLOW_TRACKING_URI, or a local file store in RUN_DIR/mlruns (`mlflow ui --backend-store-uri ...`); in a
-file store a metric that another one extends (`entropy` beside `entropy/trained`) is logged as `entropy/mean`."""
+MLFLOW_TRACKING_URI, or a local file store in RUN_DIR/mlruns, which MLflow 3 opens only under
+MLFLOW_ALLOW_FILE_STORE=true (set here for the run; a reader sets it too: `MLFLOW_ALLOW_FILE_STORE=true mlflow ui
+--backend-store-uri RUN_DIR/mlruns`, with the full `mlflow` package: mlflow-skinny has no UI). In a file store a
+metric that another one extends (`entropy` beside `entropy/trained`) is logged as `entropy/mean`."""
 
 from __future__ import annotations
 

@@ -247,8 +247,10 @@ class LoopSection(Section):
     """Share of each round's candidates reserved for knobs this run has not tried yet."""
     proposer: Literal["heuristic", "llm"] = "heuristic"
     """Who proposes interventions: the offline heuristic catalog, or an LLM (see the `llm` section)."""
-    skills_dir: Path = Path("~/.evotrainer/skills")
-    """The skill library shared across runs (promoted interventions with their evidence)."""
+    skills_dir: Path | None = None
+    """The skill library this run reads and writes (promoted interventions with their evidence). Default
+    (unset): `<run.out_dir>/skills`, the project's own library beside its runs, so a toy run elsewhere does not
+    steer real work. A library shared across projects only when asked: `~/.evotrainer/skills` or any path."""
     executor: Literal["serial", "process", "ray"] = "serial"
     """How trial arms run: one after another in this process, in parallel worker processes, or as Ray tasks
     (the ray extra) on a local Ray node, or on the cluster at RAY_ADDRESS; the run directory must then be

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import json
 import random
+import re
+import sys
 import textwrap
 
 import pytest
 from rich.console import Console
 
 from evotrainer.config import parse_config
-from evotrainer.envs.env import check_env
+from evotrainer.envs.env import check_env, replay
 from evotrainer.envs.registry import make_domain, warm_start_key
+from evotrainer.envs.reward_functions import check_batch
 from evotrainer.errors import ConfigError
 from evotrainer.store.rollouts import RolloutStore
 from evotrainer.training.run import train_run
@@ -45,6 +48,23 @@ def not_a_number(completions, **kwargs):
 
 def no_completions(text):
     return 1.0
+
+
+def skips_empty(completions, **kwargs):
+    """Right on every demonstration; one value short for a completion the policy leaves empty."""
+    return [float(len(c)) for c in completions if c]
+
+
+def skips_unclosed(completions, **kwargs):
+    """Right on every demonstration; nothing for an answer the token cap cut off."""
+    return [1.0 for c in completions if c.endswith("</answer>")] if any(completions) else [0.0]
+
+
+def conversational(prompts, completions, answer, **kwargs):
+    """Written for a conversational dataset, as TRL calls it: prompts and completions are messages."""
+    assert all(p[-1]["role"] == "user" and isinstance(p[-1]["content"], str) for p in prompts), prompts
+    assert all(c[0]["role"] == "assistant" for c in completions), completions
+    return [float(a in c[0]["content"]) for c, a in zip(completions, answer)]
 
 
 class Sums(LocalDomain):
@@ -123,14 +143,75 @@ def test_verl_compute_score_is_stored_on_every_rollout(tmp_path, math_setup, use
         ("{m}:not_a_number", "nan"),
         ("{m}:no_completions", "neither a TRL"),
         ("not a path", "module:function"),
+        # Wrong only for some completions: checked on a first batch's worth, not only on demonstrations.
+        ("{m}:skips_empty", r"a list of 0 for 1 completion; .* \(checked on an empty completion of task"),
+        ("{m}:skips_unclosed", r"a list of 0 for 1 completion; .* \(checked on a completion cut short of task"),
     ],
 )
 def test_reward_function_mistakes_stop_before_anything_is_written(tmp_path, user_module, path, says):
     cfg = small_config(tmp_path, env={"reward_functions": {"mine": path.format(m=user_module)}})
     with pytest.raises(ConfigError) as err:
         train_run(cfg, QUIET)
-    assert "env.reward_functions.mine" in str(err.value) and says in str(err.value)
+    assert "env.reward_functions.mine" in str(err.value) and re.search(says, str(err.value)), str(err.value)
     assert not (tmp_path / "runs").exists()
+
+
+def test_reward_function_is_checked_on_a_first_batch(tmp_path, user_module):
+    cfg = small_config(tmp_path, env={"reward_functions": {"mine": f"{user_module}:lenient"}})
+    sampling = cfg.harness.sampling
+    domain = make_domain(cfg)
+    batch = check_batch(domain, sampling.prompts_per_step, sampling.num_generations)
+    assert len({task.id for task, *_ in batch}) == sampling.prompts_per_step
+    assert {what for *_, what in batch} == {"the demonstration", "a completion cut short", "an empty completion"}
+    assert all(turns[-1].action for _, turns, _, what in batch if what == "the demonstration")
+
+
+def test_reward_function_found_in_the_working_directory(tmp_path, monkeypatch):
+    """`my_rewards:lenient` works from the directory that holds my_rewards.py, with no PYTHONPATH: a console
+    script does not put the working directory on the path, and env.path is read from there too."""
+    (tmp_path / "cwd_rewards.py").write_text(
+        "def lenient(completions, **kwargs):\n    return [1.0 for _ in completions]\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "cwd_rewards", raising=False)
+    domain = make_domain(small_config(tmp_path, env={"reward_functions": {"mine": "cwd_rewards:lenient"}}))
+    assert "mine" in domain.reward_terms
+
+
+def test_local_conversational_prompts_are_messages(tmp_path, user_module):
+    """TRL's conversational format: the prompt is the messages, not the text of a Python list, and a TRL
+    function gets prompts and completions as messages, as TRL passes them for such a dataset."""
+    rows = [json.loads(line) for line in write_sums(tmp_path / "plain.jsonl").read_text().splitlines()]
+    with (tmp_path / "sums.jsonl").open("w") as f:
+        for r in rows:
+            messages = [
+                {"role": "system", "content": "Answer in <answer></answer>."},
+                {"role": "user", "content": r["question"]},
+            ]
+            f.write(json.dumps({"prompt": messages, "solution": r["solution"]}) + "\n")
+    env = _local(
+        tmp_path,
+        prompt_column="prompt",
+        answer_column="solution",
+        reward_functions={"conv": f"{user_module}:conversational"},
+    )
+    domain = make_domain(small_config(tmp_path, env=env))  # the check batch calls `conversational`
+    task = domain.tasks("train")[0]
+    assert task.prompt.startswith("system: Answer in <answer></answer>.\nuser: ") and "{" not in task.prompt
+    assert task.prompt.endswith(" =\n")
+    _, turns, info = replay(domain, task, domain.demonstration(task, random.Random(0)))
+    assert domain.reward_terms["conv"](task, turns, info) == 1.0
+    (tmp_path / "bad.jsonl").write_text("".join(json.dumps({"prompt": [r["question"]], **r}) + "\n" for r in rows))
+    with pytest.raises(ConfigError, match=r"env\.prompt_column.*conversational"):
+        make_domain(
+            small_config(
+                tmp_path,
+                env=_local(
+                    tmp_path, path=str(tmp_path / "bad.jsonl"), prompt_column="prompt", answer_column="solution"
+                ),
+            )
+        )
 
 
 def test_reward_function_may_not_shadow_a_builtin_term(tmp_path, user_module):

@@ -14,7 +14,7 @@ import yaml
 from typer.testing import CliRunner
 
 from evotrainer.cli.main import app
-from evotrainer.harness.export import export
+from evotrainer.harness.export import TRL_VERSIONS, export
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.knobs import TARGETS, knob, registry, target_keys
 from evotrainer.training.grpo import lr_factor
@@ -198,6 +198,8 @@ def test_cli_export_from_a_run_directory(tmp_path):
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["num_generations"] == 4
     assert "curriculum.levels" in res.stderr and "Not exported to TRL" in res.stderr
+    # The TRL releases the export is tested with, and what GRPOConfig needs on a machine without a GPU.
+    assert f"TRL {TRL_VERSIONS}" in res.stderr and "use_cpu=True" in res.stderr
     res = runner.invoke(app, ["harness", "export", str(tmp_path / "config.yaml"), "--to", "verl"])
     assert res.exit_code == 0 and "actor_rollout_ref.rollout.n=4" in res.stdout
     res = runner.invoke(app, ["harness", "export", str(tmp_path), "--to", "openrlhf"])
@@ -205,5 +207,5 @@ def test_cli_export_from_a_run_directory(tmp_path):
     res = runner.invoke(app, ["harness", "export", str(tmp_path), "--to", "deepspeed"])
     assert res.exit_code == 2 and "--to" in res.output and "openrlhf" in res.output
     res = runner.invoke(app, ["knobs", "--json"])
-    rows = {r["path"]: r for r in map(json.loads, res.stdout.splitlines())}
+    rows = {r["path"]: r for r in json.loads(res.stdout)}
     assert rows["sampling.num_generations"]["openrlhf"] == "--rollout.n_samples_per_prompt"

@@ -11,6 +11,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import evotrainer
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.interventions import Intervention, InterventionError, diff, load_intervention
 from evotrainer.harness.knobs import MAPPINGS, knob, registry
@@ -148,7 +149,7 @@ def run_cli(*args):
 def test_cli_knobs_and_harness_diff(tmp_path):
     out = run_cli("knobs", "--json")
     assert out.returncode == 0
-    rows = [json.loads(x) for x in out.stdout.splitlines()]
+    rows = json.loads(out.stdout)
     assert {r["path"] for r in rows} == {k.path for k in registry()}
     a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
     a.write_text(yaml.safe_dump(Harness().model_dump(mode="json")))
@@ -158,6 +159,11 @@ def test_cli_knobs_and_harness_diff(tmp_path):
     out = run_cli("harness", "diff", str(a), str(b))
     assert out.returncode == 0 and "loss.beta" in out.stdout and "0.04" in out.stdout
     assert "sampling" not in out.stdout
+    as_json = run_cli("harness", "diff", str(a), str(b), "--json")
+    assert json.loads(as_json.stdout) == [{"knob": "loss.beta", "a": Harness().loss.beta, "b": 0.04}]
+    assert json.loads(run_cli("harness", "diff", str(a), str(a), "--json").stdout) == []
+    version = run_cli("--version")
+    assert version.returncode == 0 and version.stdout.strip() == f"evotrainer {evotrainer.__version__}"
     show = run_cli("harness", "show", str(b))
     assert show.returncode == 0 and Harness(loss={"beta": 0.04}).version in show.stdout
     bad = run_cli("harness", "show", str(tmp_path / "missing.yaml"))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
+import subprocess
 import sys
 
 import pytest
@@ -44,7 +46,7 @@ def quiet() -> Console:
 @pytest.fixture(scope="module")
 def loop_run(tmp_path_factory, math_setup):
     tmp = tmp_path_factory.mktemp("loop")
-    cfg = loop_config(tmp)
+    cfg = loop_config(tmp, loop={"skills_dir": None})  # the default library: the project's, beside its runs
     summary = run_loop(cfg, quiet())
     return cfg, tmp / "runs" / "t", summary
 
@@ -173,7 +175,53 @@ def test_report_and_status(loop_run):
     assert links and links <= anchors
     assert "<script" not in html and "http" not in html.split("<body", 1)[-1].replace("http://www.w3.org/2000/svg", "")
     res = CliRunner().invoke(app, ["status", str(run_dir)])
-    assert res.exit_code == 0 and "finished" in res.output and "round / stage" in res.output
+    # A finished run says how it ended, not "round / stage 0 / final".
+    assert res.exit_code == 0 and "round / stage" not in res.output, res.output
+    assert "2 round(s), stopped by loop.max_rounds=2" in res.output
+    state = json.loads(CliRunner().invoke(app, ["status", str(run_dir), "--json"]).stdout)
+    assert state["finished"] is True and state["state"] == "finished"
+    # --watch on a finished run ends at once (it refreshed forever).
+    watched = subprocess.run(
+        [sys.executable, "-m", "evotrainer.cli", "status", str(run_dir), "--watch"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert watched.returncode == 0 and "finished" in watched.stdout
+    # The skill library the run read and wrote: the project's (run.out_dir/skills) by default, on record.
+    library = str((cfg.run.out_dir / "skills").resolve())
+    assert ledger.skill_libraries() == [library] and summary["skill_libraries"] == [library]
+    assert library in html and library in state["skill library"]
+
+
+def test_diagnose_reads_the_mainline_of_a_loop_run(loop_run, tmp_path):
+    """Branch `main` does not exist in a loop run: diagnose read nothing and printed 0 findings. It reads the
+    mainline, each trained branch on the path from the base to the head, as the ledger records it."""
+    from evotrainer.cli.main import app
+    from evotrainer.stages.spend import lineage
+
+    cfg, src, summary = loop_run
+    # A copy of what diagnose reads, without the loop's own diagnoses: this one's are written to the store.
+    run_dir = tmp_path / "t"
+    shutil.copytree(src / "store", run_dir / "store", ignore=shutil.ignore_patterns("findings", "diagnoses"))
+    for f in [src / "config.yaml", *src.glob("ledger.sqlite*")]:
+        shutil.copy(f, run_dir)
+    ledger = Ledger(run_dir / "ledger.sqlite")
+    head = read_stage(ledger, 0, "final").head.branch
+    path = {b["id"] for b in ledger.branches() if b["id"] in lineage(ledger, head) and b["kind"] != "base"}
+    ledger.close()
+    res = CliRunner().invoke(app, ["diagnose", str(run_dir), "--json"])
+    assert res.exit_code == 0, res.output
+    findings = json.loads(res.stdout)
+    assert {f["branch"] for f in findings} <= path
+    diagnosed = RolloutStore(run_dir / "store").sql("SELECT DISTINCT branch FROM diagnoses")
+    assert {r["branch"] for r in diagnosed} == path and "r01-seg" in path
+    bad = subprocess.run(
+        [sys.executable, "-m", "evotrainer.cli", "diagnose", str(run_dir), "--branch", "main"],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and "'main'" in bad.stderr and "r01-seg" in bad.stderr
 
 
 def test_config_mistakes_are_refused_before_anything_is_written(tmp_path, math_setup):
@@ -196,6 +244,18 @@ def test_an_existing_run_is_not_overwritten(loop_run):
     cfg, run_dir, summary = loop_run
     with pytest.raises(ConfigError, match="resume"):
         run_loop(cfg, quiet())
+
+
+def test_a_loop_run_is_not_written_into_a_train_runs_directory(tmp_path):
+    cfg = loop_config(tmp_path, loop={"max_rounds": 0})  # no budget either: the directory is refused first
+    (tmp_path / "runs" / "t").mkdir(parents=True)
+    (tmp_path / "runs" / "t" / "config.yaml").write_text("{}\n")
+    (tmp_path / "c.yaml").write_text(json.dumps(cfg.model_dump(mode="json")))
+    out = subprocess.run(
+        [sys.executable, "-m", "evotrainer.cli", "run", str(tmp_path / "c.yaml")], capture_output=True, text=True
+    )
+    assert out.returncode == 2 and "holds an `evotrainer train` run" in out.stderr
+    assert sorted(p.name for p in (tmp_path / "runs" / "t").iterdir()) == ["config.yaml"]
 
 
 def test_a_trial_that_cannot_fit_is_abandoned_and_the_mainline_trains_to_the_budget(tmp_path, math_setup):

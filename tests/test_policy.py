@@ -138,3 +138,20 @@ def test_warm_started_base_is_cached_by_recipe(math_setup):
         cfg.policy, warm_start_key(cfg, domain), cfg.run.seed
     )
     assert path.name.endswith(recipe_hash(cfg.policy, warm_start_key(cfg, domain), cfg.run.seed))
+
+
+def test_building_a_warm_start_says_so_as_it_goes(math_setup, tmp_path):
+    """With no progress bar (the loop, a log file) the warm start said nothing for minutes: a reader could not
+    tell slow from stuck. It says what it builds, then its loss at every tenth of its steps."""
+    from evotrainer.envs.registry import warm_start_key
+    from evotrainer.policies.tiny import tiny_base
+
+    cfg, domain, _ = math_setup
+    warm = cfg.policy.warm_start.model_copy(update={"steps": 20, "demonstrations": 200})
+    fresh = cfg.policy.model_copy(update={"cache_dir": tmp_path, "warm_start": warm})
+    said: list[str] = []
+    tiny_base(fresh, domain, warm_start_key(cfg, domain), cfg.run.seed, log=said.append)
+    assert said[0].startswith("warm-started base: none cached for this recipe; building it (200 demonstrations")
+    steps = [line for line in said if line.startswith("warm start: step ")]
+    assert [line.split()[3].rstrip(",") for line in steps] == [f"{k}/20" for k in range(2, 21, 2)]
+    assert said[-1].startswith("warm-started base: built in")

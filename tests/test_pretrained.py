@@ -165,7 +165,7 @@ def test_two_grpo_steps_with_lora_store_the_adapter_and_the_diagnostics_read_the
     assert size < 40e6, f"a LoRA checkpoint holds the adapter, not the model: {size / 1e6:.0f} MB"
     listed = _cli("rollouts", str(run), "--where", "split = 'train'", "--json", "--limit", "100")
     assert listed.returncode == 0, listed.stderr
-    rows = [json.loads(line) for line in listed.stdout.splitlines() if line.strip()]
+    rows = json.loads(listed.stdout)
     assert len(rows) == 2 * 2 * 4
     assert all(set(r["rewards"]) >= {"correct", "format"} for r in rows)
     # Answers in the model's own words are read (the instruct model does not write answer tags).
@@ -173,7 +173,7 @@ def test_two_grpo_steps_with_lora_store_the_adapter_and_the_diagnostics_read_the
     # At 24 tokens and temperature 1 the model's explanations run past the cap: the suite sees it, citing them.
     diag = _cli("diagnose", str(run), "--json")
     assert diag.returncode == 0, diag.stderr
-    findings = [json.loads(line) for line in diag.stdout.splitlines() if line.strip().startswith("{")]
+    findings = json.loads(diag.stdout)
     cut = [r["id"] for r in rows if r["termination"] == "length"]
     if len(cut) > 0.1 * len(rows):
         trunc = [x for x in findings if x["name"] == "truncation"]

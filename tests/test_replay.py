@@ -128,7 +128,7 @@ def test_diagnose_cli_stores_findings(run):
         [sys.executable, "-m", "evotrainer.cli", "diagnose", str(run_dir), "--json"], capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr
-    findings = [json.loads(x) for x in out.stdout.splitlines()]
+    findings = json.loads(out.stdout)  # one JSON document, not JSON lines
     store = RolloutStore(run_dir / "store")
     stored = store.sql("SELECT name, evidence, suite_version FROM findings ORDER BY name")
     assert sorted(f["name"] for f in findings) == [r["name"] for r in stored]
@@ -144,3 +144,17 @@ def test_diagnose_cli_stores_findings(run):
     )
     assert again.returncode == 0 and "finding(s), main steps 1-4" in again.stdout
     assert store.sql("SELECT count(*) AS n FROM findings")[0]["n"] == len(stored)
+    # A window with nothing in it is an empty JSON array, not no output at all.
+    empty = subprocess.run(
+        [sys.executable, "-m", "evotrainer.cli", "diagnose", str(run_dir), "--first", "9", "--json"],
+        capture_output=True,
+        text=True,
+    )
+    assert empty.returncode == 0 and json.loads(empty.stdout) == []
+    # A branch the run does not have is an error naming the ones it has (it printed "0 finding(s)").
+    bad = subprocess.run(
+        [sys.executable, "-m", "evotrainer.cli", "diagnose", str(run_dir), "--branch", "nosuch", "--json"],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and "'nosuch'" in bad.stderr and "main" in bad.stderr and bad.stdout == ""

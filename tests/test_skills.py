@@ -17,7 +17,7 @@ from evotrainer.harness.interventions import Hypothesis, Intervention, diff
 from evotrainer.loop import run_loop
 from evotrainer.proposers.heuristic import HeuristicProposer
 from evotrainer.proposers.proposer import Brief, PastTrial, intervention_key
-from evotrainer.skills.library import Evidence, SkillLibrary
+from evotrainer.skills.library import GLOBAL_LIBRARY, Evidence, SkillLibrary, library_dir
 from evotrainer.stages.results import read_stage
 from evotrainer.store.ledger import Ledger
 
@@ -61,6 +61,34 @@ def test_export_import_round_trip_merges_evidence(tmp_path):
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(ConfigError, match="skills export"):
         b.import_(tmp_path / "bad.json")
+
+
+def test_the_library_is_the_projects_unless_a_shared_one_is_asked_for(tmp_path, monkeypatch):
+    """A toy run elsewhere must not write into the library real work reads: by default each project has its
+    own, beside its runs; ~/.evotrainer/skills is read and written only where loop.skills_dir names it."""
+    from typer.testing import CliRunner
+
+    from evotrainer.cli.main import app
+    from evotrainer.config import LoopSection, parse_config
+
+    assert LoopSection().skills_dir is None
+    assert library_dir(None, tmp_path / "runs") == tmp_path / "runs" / "skills"
+    assert library_dir("~/.evotrainer/skills", tmp_path / "runs") == GLOBAL_LIBRARY.expanduser()
+    assert parse_config({"loop": {"skills_dir": "~/.evotrainer/skills"}}).loop.skills_dir == GLOBAL_LIBRARY
+    # `skills list` reads the project's library (runs/skills from the project's directory) by default.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    iv = LR_UP.bind(Harness(optimizer={"learning_rate": 1e-4}))
+    SkillLibrary(tmp_path / "runs" / "skills").record(iv, _ev("t1"), source="catalog", create=True)
+    SkillLibrary(GLOBAL_LIBRARY).record(iv, _ev("t1", run="toy"), source="catalog", create=True)
+    SkillLibrary(GLOBAL_LIBRARY).record(iv, _ev("t2", run="toy"), source="catalog", create=True)
+    runner = CliRunner()
+    [project] = json.loads(runner.invoke(app, ["skills", "list", "--json"]).stdout)
+    [shared] = json.loads(runner.invoke(app, ["skills", "list", "--global", "--json"]).stdout)
+    assert (project["wins"], shared["wins"]) == (1, 2) and project["quarantined"] and not shared["quarantined"]
+    assert json.loads(runner.invoke(app, ["skills", "list", "--dir", "elsewhere", "--json"]).stdout) == []
+    table = runner.invoke(app, ["skills", "list"])
+    assert table.exit_code == 0 and project["id"] in table.stdout
 
 
 def test_retrieval_ranks_by_signature_similarity(tmp_path):

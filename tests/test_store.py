@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from evotrainer.store.rollouts import RolloutStore
+from evotrainer.store.rollouts import RolloutStore, reward_terms_named
 from evotrainer.types import Rollout, Turn
 
 
@@ -45,6 +45,7 @@ def test_round_trip_and_queries(tmp_path):
     store.append(make_rollouts(1), "main-s000001")
     store.append(make_rollouts(2), "main-s000002")
     store.append_metrics("r", "main", 1, {"reward": 0.5, "entropy": 1.2}, "main-s000001")
+    assert store.reward_terms() == ["correct", "format"]
     rows = store.query(where="rewards['correct'] = 1", limit=10)
     assert [r["id"] for r in rows] == [
         "main-s000001-0001",
@@ -73,7 +74,7 @@ def test_round_trip_and_queries(tmp_path):
 WRITER = """
 import sys
 from tests.test_store import make_rollouts
-from evotrainer.store.rollouts import RolloutStore
+from evotrainer.store.rollouts import RolloutStore, reward_terms_named
 store = RolloutStore(sys.argv[1])
 step = 0
 print("ready", flush=True)
@@ -121,8 +122,16 @@ def test_rollouts_cli(tmp_path):
         env=env,
     )
     assert out.returncode == 0, out.stderr
-    lines = [json.loads(x) for x in out.stdout.splitlines()]
-    assert [x["id"] for x in lines] == ["main-s000001-0001", "main-s000001-0003"]
+    rows = json.loads(out.stdout)  # one JSON document, not JSON lines
+    assert [x["id"] for x in rows] == ["main-s000001-0001", "main-s000001-0003"]
+    assert rows[0]["rewards"] == {"correct": 1.0, "format": 1.0}
+    none = subprocess.run(
+        [sys.executable, "-m", "evotrainer.cli", "rollouts", str(run), "--where", "reward > 5", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert none.returncode == 0 and json.loads(none.stdout) == []
     table = subprocess.run(
         [sys.executable, "-m", "evotrainer.cli", "rollouts", str(run), "--limit", "2"],
         capture_output=True,
@@ -137,3 +146,19 @@ def test_rollouts_cli(tmp_path):
         env=env,
     )
     assert bad.returncode == 2 and "no_such_column" in bad.stderr and "Traceback" not in bad.stderr
+    # A misspelt reward term: DuckDB reads the missing key as NULL and would match nothing, silently.
+    for where in ("rewards['corect'] = 1", "rewards.corect = 1", "element_at(rewards, 'corect') = 1"):
+        typo = subprocess.run(
+            [sys.executable, "-m", "evotrainer.cli", "rollouts", str(run), "--where", where, "--json"],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+        assert typo.returncode == 2 and typo.stdout == "", where
+        assert "'corect'" in typo.stderr and "correct, format" in typo.stderr and "Traceback" not in typo.stderr
+
+
+def test_reward_terms_named_in_sql():
+    sql = "rewards['format'] = 1 AND rewards.correct > 0 OR rewards.\"my term\" > 1 OR map_extract(rewards, 'it''s')"
+    assert reward_terms_named(sql) == ["format", "correct", "my term", "it's"]
+    assert reward_terms_named("reward > 0 AND split = 'train'") == []

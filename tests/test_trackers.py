@@ -15,7 +15,7 @@ from evotrainer.errors import ConfigError
 from evotrainer.store.ledger import Ledger
 from evotrainer.store.rollouts import RolloutStore
 from evotrainer.trackers.forward import Forwarder
-from evotrainer.trackers.tracker import check_report_to
+from evotrainer.trackers.tracker import check_report_to, trl_logged
 
 TRACKERS = ["tensorboard", "mlflow"]
 
@@ -62,6 +62,16 @@ def _local_mlflow(monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
 
+def test_metric_names_as_a_trl_run_logs_them_in_each_tracker():
+    stored = {"reward": 0.5, "completions/mean_length": 7.0, "eval/accuracy": 0.25}
+    assert trl_logged(stored, rewrite=True) == {
+        "train/reward": 0.5,
+        "train/completions/mean_length": 7.0,
+        "eval/accuracy": 0.25,
+    }
+    assert trl_logged(stored, rewrite=False) == {"reward": 0.5, "completions/mean_length": 7.0, "eval_accuracy": 0.25}
+
+
 def test_an_unknown_tracker_is_a_config_error_naming_the_field():
     with pytest.raises(ConfigError, match=r"run\.report_to"):
         parse_config({"run": {"report_to": ["tensorbored"]}})
@@ -80,7 +90,9 @@ def test_a_tracker_without_its_package_stops_the_run_before_anything_is_written(
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "mlflow" else real(n, *a))
     cfg = small_config(tmp_path, run={"report_to": ["mlflow"]})
-    with pytest.raises(ConfigError, match=r"run\.report_to: 'mlflow' needs `pip install evotrainer\[mlflow\]`"):
+    with pytest.raises(
+        ConfigError, match=r"run\.report_to: 'mlflow' needs the mlflow extra: `pip install -e '\.\[mlflow\]'`"
+    ):
         train_run(cfg, quiet())
     assert not (tmp_path / "runs" / "t").exists()
 
@@ -100,13 +112,16 @@ def test_train_sends_every_step_to_tensorboard_and_mlflow(tmp_path, math_setup, 
     client, arm = mlflow_client(run_dir), ml["main"]
     assert arm.data.tags["harness_version"] == cfg.harness.version
     assert arm.data.tags["mlflow.parentRunId"] == ml[""].info.run_id
+    # Under the keys a TRL run has in each tracker (transformers' callbacks): TensorBoard `train/NAME` and
+    # `eval/NAME`; MLflow the Trainer's keys as they are, `NAME` and `eval_NAME`. The store keeps its names.
     for name in ("reward", "entropy", "completions/mean_length", "frac_reward_zero_std"):
         key = "entropy/mean" if name == "entropy" else name  # beside entropy/trained in a file store
         want = {step: m[name] for step, m in stored.items()}
-        assert tb[name] == pytest.approx(want, rel=1e-6)  # TensorBoard stores float32
+        assert tb[f"train/{name}"] == pytest.approx(want, rel=1e-6)  # TensorBoard stores float32
         got = {m.step: m.value for m in client.get_metric_history(arm.info.run_id, key)}
         assert got == pytest.approx(want)
-    assert set(tb["eval/accuracy"]) == {0, 3}
+    assert set(tb["eval/accuracy"]) == {0, 3} and "reward" not in tb
+    assert {m.step for m in client.get_metric_history(arm.info.run_id, "eval_accuracy")} == {0, 3}
     assert "summary.json" in [a.path for a in client.list_artifacts(ml[""].info.run_id)]
 
 
@@ -137,7 +152,7 @@ def test_a_loop_run_sends_each_arm_tagged_and_its_verdicts(tmp_path, math_setup,
         assert tags["parent"] == (branches[b]["parent"] or "")
         got = {m.step: m.value for m in client.get_metric_history(ml[b].info.run_id, "reward")}
         assert got == pytest.approx({s: m["reward"] for s, m in stored.items()})
-        assert scalars(run_dir / "tensorboard" / b)["reward"] == pytest.approx(got, rel=1e-6)
+        assert scalars(run_dir / "tensorboard" / b)["train/reward"] == pytest.approx(got, rel=1e-6)
     run_events = [a.path for a in client.list_artifacts(ml[""].info.run_id, "events")]
     for v in ledger.verdicts():
         assert any(v["trial"] in p for p in run_events)

@@ -6,10 +6,12 @@ import json
 import subprocess
 import sys
 
+import pytest
 from rich.console import Console
 
+from evotrainer.errors import ConfigError
 from evotrainer.store.rollouts import RolloutStore
-from evotrainer.training.run import train_run
+from evotrainer.training.run import claim_run_dir, train_run
 from tests.conftest import SEED, small_config
 
 QUIET = Console(file=open("/dev/null", "w"))
@@ -85,9 +87,51 @@ def test_cli_train_then_eval(tmp_path, math_setup):
     out = subprocess.run([sys.executable, "-m", "evotrainer.cli", "train", str(f)], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "held-out accuracy before RL" in out.stdout and "held-out accuracy after 2 RL steps" in out.stdout
+    # Off a terminal: plain progress lines as it goes (a bar draws nothing until it ends), no line folded at 80
+    # columns (the run directory's line is longer than that here).
+    lines = out.stdout.splitlines()
+    assert any(line.startswith("RL ") and "2/2 (" in line for line in lines), out.stdout
+    assert any(line.startswith("held-out eval") and "/60 (" in line for line in lines), out.stdout
+    assert any(line.startswith("run ") and line.endswith("domain math") and len(line) > 80 for line in lines), lines
+    # The same run name again is refused (it silently mixed the two runs' stores and summaries) ...
+    again = subprocess.run(
+        [sys.executable, "-m", "evotrainer.cli", "train", str(f), "--set", "train.steps=1"],
+        capture_output=True,
+        text=True,
+    )
+    assert again.returncode == 2 and "run.name" in again.stderr and "--overwrite" in again.stderr
+    store = RolloutStore(tmp_path / "runs" / "t" / "store")
+    assert store.sql("SELECT max(step) AS s FROM rollouts WHERE split = 'train'")[0]["s"] == 2
+    # ... unless told: --overwrite clears it first, so the store and the summary are the second run's alone.
+    over = subprocess.run(
+        [sys.executable, "-m", "evotrainer.cli", "train", str(f), "--set", "train.steps=1", "--overwrite"],
+        capture_output=True,
+        text=True,
+    )
+    assert over.returncode == 0, over.stderr
+    assert json.loads((tmp_path / "runs" / "t" / "summary.json").read_text())["steps"] == 1
+    assert store.sql("SELECT max(step) AS s FROM rollouts WHERE split = 'train'")[0]["s"] == 1
     ev = subprocess.run(
         [sys.executable, "-m", "evotrainer.cli", "eval", str(tmp_path / "runs" / "t")], capture_output=True, text=True
     )
     assert ev.returncode == 0, ev.stderr
     summary = json.loads((tmp_path / "runs" / "t" / "summary.json").read_text())
     assert f"held-out accuracy: {summary['accuracy_after']:.3f}" in ev.stdout
+
+
+def test_overwrite_clears_a_run_directory_and_nothing_else(tmp_path):
+    used = tmp_path / "mine"
+    used.mkdir()
+    (used / "notes.txt").write_text("not a run")
+    claim_run_dir(tmp_path / "new", overwrite=False)  # absent or empty: nothing to refuse
+    with pytest.raises(ConfigError, match=r"run\.name: .*mine already holds a run.*--overwrite"):
+        claim_run_dir(used, overwrite=False)
+    with pytest.raises(ConfigError, match="not a run directory"):
+        claim_run_dir(used, overwrite=True)
+    assert (used / "notes.txt").exists()
+    (used / "config.yaml").write_text("{}\n")
+    (used / "ledger.sqlite").write_text("")
+    with pytest.raises(ConfigError, match="loop run.*evotrainer resume"):
+        claim_run_dir(used, overwrite=False)
+    claim_run_dir(used, overwrite=True)
+    assert not used.exists()

@@ -4,16 +4,21 @@ is written."""
 
 from __future__ import annotations
 
+import tomllib
+from pathlib import Path
+
 import pytest
+import trl
 from rich.console import Console
 
 from evotrainer.backtest.trial import ArmSpec, run_arm
 from evotrainer.errors import ConfigError
+from evotrainer.harness.export import TRL_VERSIONS
 from evotrainer.harness.harness import Harness
 from evotrainer.policies.hf import HFPolicy, Placement
 from evotrainer.store.rollouts import RolloutStore
 from evotrainer.training.run import train_run
-from evotrainer.training.trl_backend import TRLTrainer, stop_token_ids, unhonoured
+from evotrainer.training.trl_backend import TRLTrainer, check_trl_version, stop_token_ids, unhonoured
 from tests.conftest import small_config
 
 QUIET = Console(file=open("/dev/null", "w"))
@@ -98,6 +103,24 @@ def test_trl_args_may_not_override_the_harness(tmp_path):
     with pytest.raises(ConfigError, match=r"train\.trl_args.*beta"):
         train_run(cfg, QUIET)
     assert not (tmp_path / "runs").exists()
+
+
+def test_trl_outside_the_tested_range_is_refused_naming_it(tmp_path, monkeypatch):
+    """The export's keys come and go between TRL releases (0.20 lacks entropy_coef): the backend checks the
+    installed TRL against the range the extras require, before anything is written."""
+    check_trl_version(trl.__version__)  # the TRL the tests run on is in the tested range
+    for old in ("0.20.0", "2.0.0"):
+        with pytest.raises(ConfigError, match=rf"train\.backend: trl is tested with trl{TRL_VERSIONS}.*trl {old}"):
+            check_trl_version(old)
+    monkeypatch.setattr(trl, "__version__", "0.20.0")
+    with pytest.raises(ConfigError, match="0.20.0"):
+        train_run(_trl_config(tmp_path), QUIET)
+    assert not (tmp_path / "runs").exists()
+    extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    for extra in ("dev", "trl"):
+        assert f"trl{TRL_VERSIONS}" in extras[extra]
 
 
 def test_a_stop_string_of_several_tokens_is_refused(math_setup):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from enum import Enum
 from pathlib import Path
 
@@ -10,9 +9,9 @@ import typer
 import yaml
 from rich.table import Table
 
-from evotrainer.cli.common import console, run_dir
+from evotrainer.cli.common import console, print_json, run_dir
 from evotrainer.errors import UserError
-from evotrainer.harness.export import export
+from evotrainer.harness.export import TRL_VERSIONS, export
 from evotrainer.harness.knobs import TARGETS, TITLES, Knob, registry
 
 harness_app = typer.Typer(no_args_is_help=True, help="Show, compare and export harness versions.")
@@ -52,13 +51,18 @@ def harness_show(target: Path = typer.Argument(..., help="Harness YAML, run conf
 
 @harness_app.command("diff")
 def harness_diff(
-    a: Path = typer.Argument(..., help="Harness A (file or run)"), b: Path = typer.Argument(..., help="Harness B")
+    a: Path = typer.Argument(..., help="Harness A (file or run)"),
+    b: Path = typer.Argument(..., help="Harness B"),
+    as_json: bool = typer.Option(False, "--json", help="A JSON array of {knob, a, b} instead of a table"),
 ) -> None:
     """The knobs that differ between two harnesses."""
     from evotrainer.harness.interventions import diff
 
     ha, hb = load_harness(a), load_harness(b)
     changes = diff(ha, hb)
+    if as_json:
+        print_json({"knob": path, "a": old, "b": new} for path, old, new in changes)
+        return
     table = Table(title=f"{ha.version} -> {hb.version}")
     for col in ("knob", "A", "B"):
         table.add_column(col)
@@ -83,14 +87,19 @@ def harness_export(
     ex = export(load_harness(target), to.value)
     print(ex.render())
     typer.echo(ex.report(), err=True)
+    if to.value == "trl":
+        typer.echo(
+            f"# For TRL {TRL_VERSIONS} (the range the trl extra requires): GRPOConfig(**settings). On a "
+            "machine without a GPU add use_cpu=True (GRPOConfig refuses to build there without it).",
+            err=True,
+        )
 
 
-def knobs(as_json: bool = typer.Option(False, "--json", help="JSON lines instead of a table")) -> None:
+def knobs(as_json: bool = typer.Option(False, "--json", help="A JSON array instead of a table")) -> None:
     """Every harness knob: type, range, default, meaning, and its TRL / verl / OpenRLHF names."""
     ks = registry()
     if as_json:
-        for k in ks:
-            print(json.dumps(k.to_dict(), default=str))
+        print_json(k.to_dict() for k in ks)
         return
     cols = ("knob", "type", "range", "default", "meaning", *(TITLES[t] for t in TARGETS), "replay")
     rows = [

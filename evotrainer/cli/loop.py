@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import signal
 import sqlite3
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import typer
@@ -29,6 +31,10 @@ def run(
     from evotrainer.loop import run_loop
 
     cfg = load_config(config, parse_overrides(set_))
+    used = Path(cfg.run.out_dir) / cfg.run.name
+    if (used / "config.yaml").exists() and not (used / "ledger.sqlite").exists():
+        # A loop run written into a `train` run's directory would mix the two runs' stores.
+        raise UserError(f"run.name: {used} holds an `evotrainer train` run; choose another run.name")
     _until_stopped(cfg.run, lambda: run_loop(cfg, console))
 
 
@@ -99,55 +105,71 @@ def _no_space(run_dir: Path, filename: str | None) -> str:
     )
 
 
-def _status_table(run: Path) -> Table:
+@dataclass(frozen=True)
+class RunState:
+    """What `status` says of a loop run: its rows (label -> text), and whether it has finished."""
+
+    rows: dict[str, str]
+    finished: bool
+
+    def table(self, name: str) -> Table:
+        t = Table(title=f"EvoTrainer run {name}", show_header=False)
+        for label, text in self.rows.items():
+            t.add_row(label, text)
+        return t
+
+
+def run_state(run: Path) -> RunState:
     from evotrainer.backtest.verdict import read_verdicts
     from evotrainer.ids import branch_id
-    from evotrainer.stages.results import PromoteResult
+    from evotrainer.stages.results import FinalResult, PromoteResult, StartResult, read_stage
     from evotrainer.stages.retention import disk_use
     from evotrainer.stages.spend import lineage, spend
-    from evotrainer.store.checkpoints import human
     from evotrainer.store.ledger import Ledger
 
     ledger = Ledger(run / "ledger.sqlite")
     try:
         cfg = load_config(run / "config.yaml")
         st = ledger.status() or {}
-        last = ledger.rows("SELECT round, stage FROM stages ORDER BY finished DESC LIMIT 1")
+        last = ledger.rows("SELECT round, stage FROM stages WHERE stage != 'final' ORDER BY finished DESC LIMIT 1")
         heads = ledger.rows("SELECT result FROM stages WHERE stage = 'promote' ORDER BY round DESC LIMIT 1")
         head = PromoteResult.model_validate_json(heads[0]["result"]).head if heads else None
         acc = ledger.rows("SELECT heldout_accuracy FROM branches WHERE id = ?", [head.branch]) if head else []
         verdicts = read_verdicts(ledger)
-        finished = ledger.stage_result(0, "final") is not None
-        alive = bool(st.get("pid")) and _alive(st["pid"]) and not finished
-        t = Table(title=f"EvoTrainer run {run.name}", show_header=False)
-        t.add_row("state", "running" if alive else ("finished" if finished else "stopped (resume to continue)"))
-        t.add_row(
-            "round / stage",
-            f"{st.get('round', '-')} / {st.get('stage', '-')}" + (f" ({st['detail']})" if st.get("detail") else ""),
-        )
-        t.add_row("last finished", f"round {last[0]['round']} {last[0]['stage']}" if last else "-")
+        done = read_stage(ledger, 0, "final")
+        alive = bool(st.get("pid")) and _alive(st["pid"]) and done is None
+        rows = {"state": "running" if alive else ("finished" if done else "stopped (resume to continue)")}
+        if isinstance(done, FinalResult):
+            started = read_stage(ledger, 0, "start")
+            before = f"{started.final_accuracy:.3f} -> " if isinstance(started, StartResult) else ""
+            rows["finished"] = (
+                f"{done.rounds} round(s), stopped by {done.stop_reason}; final-task accuracy {before}"
+                f"{done.accuracy:.3f}, mainline {done.head.branch} step {done.head.step}"
+            )
+        else:
+            detail = f" ({st['detail']})" if st.get("detail") else ""
+            rows["round / stage"] = f"{st.get('round', '-')} / {st.get('stage', '-')}{detail}"
+        rows["last finished"] = f"round {last[0]['round']} {last[0]['stage']}" if last else "-"
         for label, used, cap in _budget_rows(ledger, cfg):
-            t.add_row(label, f"{used:,.0f} / {cap:,.0f} ({100 * used / cap:.0f}%)" if cap else f"{used:,.0f}")
-        t.add_row(
-            "mainline",
+            rows[label] = f"{used:,.0f} / {cap:,.0f} ({100 * used / cap:.0f}%)" if cap else f"{used:,.0f}"
+        rows["mainline"] = (
             f"{head.branch} step {head.step}, gate accuracy {acc[0]['heldout_accuracy']:.3f}"
             if head and acc and acc[0]["heldout_accuracy"] is not None
-            else branch_id(0, "base"),
+            else branch_id(0, "base")
         )
         share = spend(ledger, lineage(ledger, head.branch if head else branch_id(0, "base")))
-        t.add_row("discarded arms", f"{share.step_share:.0%} of training steps, {share.token_share:.0%} of arm tokens")
+        rows["discarded arms"] = f"{share.step_share:.0%} of training steps, {share.token_share:.0%} of arm tokens"
         disk = disk_use(ledger, run)
-        t.add_row(
-            "disk",
+        rows["disk"] = (
             f"run directory {human(disk.run_bytes)}, checkpoints {human(disk.checkpoint_bytes)}; "
-            f"pruning freed {human(disk.pruned_bytes)} (run.keep_checkpoints={cfg.run.keep_checkpoints})",
+            f"pruning freed {human(disk.pruned_bytes)} (run.keep_checkpoints={cfg.run.keep_checkpoints})"
         )
-        t.add_row(
-            "verdicts",
+        rows["skill library"] = ", ".join(ledger.skill_libraries()) or "-"
+        rows["verdicts"] = (
             f"{sum(v.decision == 'promote' for v in verdicts)} promoted, "
-            f"{sum(v.decision == 'reject' for v in verdicts)} rejected",
+            f"{sum(v.decision == 'reject' for v in verdicts)} rejected"
         )
-        return t
+        return RunState(rows, done is not None)
     finally:
         ledger.close()
 
@@ -171,17 +193,23 @@ def _alive(pid: int) -> bool:
 
 def status(
     run: Path = typer.Argument(..., help="Run directory of a loop run"),
-    watch: bool = typer.Option(False, help="Keep refreshing while the run is going"),
+    watch: bool = typer.Option(False, help="Keep refreshing while the run is going; ends when it has finished"),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object instead of a table"),
 ) -> None:
     """Where a loop run stands: round, stage, budget, mainline metric, current trial."""
     loop_dir(run)
-    if not watch:
-        console.print(_status_table(run))
+    state = run_state(run)
+    if as_json:
+        print(json.dumps({**state.rows, "finished": state.finished}))
         return
-    with Live(_status_table(run), console=console, refresh_per_second=1) as live:
-        while True:
+    if not watch or state.finished:
+        console.print(state.table(run.name))
+        return
+    with Live(state.table(run.name), console=console, refresh_per_second=1) as live:
+        while not state.finished:
             time.sleep(1.0)
-            live.update(_status_table(run))
+            state = run_state(run)
+            live.update(state.table(run.name))
 
 
 def report(run: Path = typer.Argument(..., help="Run directory of a loop run")) -> None:

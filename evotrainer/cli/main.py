@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 from rich.markup import escape
 
+from evotrainer import __version__
 from evotrainer.cli import harness, loop, skills, train
 from evotrainer.cli.common import err
 from evotrainer.errors import UserError
@@ -26,6 +27,23 @@ for name, fn in (
 ):
     app.command(name)(fn)
 app.add_typer(harness.harness_app, name="harness")
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"evotrainer {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit"
+    ),
+) -> None:
+    """RL post-training whose harness evolves with the policy."""
+
+
 app.add_typer(skills.skills_app, name="skills")
 
 

@@ -1,4 +1,4 @@
-"""`evotrainer skills list|show|export|import`: the skill library shared across runs."""
+"""`evotrainer skills list|show|export|import`: a skill library (the project's, beside its runs, unless told)."""
 
 from __future__ import annotations
 
@@ -7,28 +7,48 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from evotrainer.cli.common import console
+from evotrainer.cli.common import console, print_json
+from evotrainer.errors import UserError
+from evotrainer.skills.library import GLOBAL_LIBRARY, PROJECT_LIBRARY, SkillLibrary, library_dir
 
-skills_app = typer.Typer(no_args_is_help=True, help="The skill library shared across runs.")
-
-
-def _library(skills_dir: Path | None):
-    from evotrainer.config import LoopSection
-    from evotrainer.skills.library import SkillLibrary
-
-    return SkillLibrary(skills_dir or LoopSection().skills_dir)
-
-
-_DIR = typer.Option(
-    None, "--dir", help="Skill library directory (default: loop.skills_dir's default, ~/.evotrainer/skills)"
+skills_app = typer.Typer(
+    no_args_is_help=True,
+    help=f"A skill library: by default the project's ({Path('runs') / PROJECT_LIBRARY}, beside its runs).",
 )
 
 
+def _library(skills_dir: Path | None, shared: bool) -> SkillLibrary:
+    if shared and skills_dir is not None:
+        raise UserError("--dir and --global name two libraries; pass one")
+    # The project's library is the default run.out_dir's (runs/skills): where `evotrainer run` writes it.
+    return SkillLibrary(GLOBAL_LIBRARY if shared else library_dir(skills_dir, "runs"))
+
+
+_DIR = typer.Option(
+    None,
+    "--dir",
+    help=f"Skill library directory (default: {Path('runs') / PROJECT_LIBRARY}, the library loop.skills_dir "
+    "defaults to for runs under runs/; for other run.out_dir values, OUT_DIR/skills)",
+)
+_GLOBAL = typer.Option(False, "--global", help=f"The library shared across projects, {GLOBAL_LIBRARY}")
+
+
 @skills_app.command("list")
-def skills_list(skills_dir: Path | None = _DIR) -> None:
+def skills_list(
+    skills_dir: Path | None = _DIR,
+    shared: bool = _GLOBAL,
+    as_json: bool = typer.Option(False, "--json", help="A JSON array of the skills instead of a table"),
+) -> None:
     """List the skills: template, trigger signature, evidence, quarantine."""
+    skills = _library(skills_dir, shared).all()
+    if as_json:
+        print_json(
+            {**s.model_dump(mode="json"), "wins": s.wins, "losses": s.losses, "quarantined": s.quarantined}
+            for s in skills
+        )
+        return
     t = Table("id", "intervention", "signature", "domains", "won", "lost", "mean effect", "status")
-    for s in _library(skills_dir).all():
+    for s in skills:
         change = f"x{s.factor:g}" if s.factor is not None else repr(s.value)
         t.add_row(
             s.id,
@@ -44,20 +64,26 @@ def skills_list(skills_dir: Path | None = _DIR) -> None:
 
 
 @skills_app.command("show")
-def skills_show(skill: str = typer.Argument(..., help="Skill id (k-...)"), skills_dir: Path | None = _DIR) -> None:
+def skills_show(
+    skill: str = typer.Argument(..., help="Skill id (k-...)"), skills_dir: Path | None = _DIR, shared: bool = _GLOBAL
+) -> None:
     """One skill in full, with its evidence and lineage."""
-    console.print_json(_library(skills_dir).get(skill).model_dump_json())
+    console.print_json(_library(skills_dir, shared).get(skill).model_dump_json())
 
 
 @skills_app.command("export")
-def skills_export(dest: Path = typer.Argument(..., help="JSON file to write"), skills_dir: Path | None = _DIR) -> None:
+def skills_export(
+    dest: Path = typer.Argument(..., help="JSON file to write"), skills_dir: Path | None = _DIR, shared: bool = _GLOBAL
+) -> None:
     """Write every skill to one JSON file (to share a library)."""
-    console.print(f"exported {_library(skills_dir).export(dest)} skill(s) to {dest}")
+    console.print(f"exported {_library(skills_dir, shared).export(dest)} skill(s) to {dest}")
 
 
 @skills_app.command("import")
 def skills_import(
-    src: Path = typer.Argument(..., help="A file written by `skills export`"), skills_dir: Path | None = _DIR
+    src: Path = typer.Argument(..., help="A file written by `skills export`"),
+    skills_dir: Path | None = _DIR,
+    shared: bool = _GLOBAL,
 ) -> None:
     """Merge skills from an export; evidence already present is not counted twice."""
-    console.print(f"imported {_library(skills_dir).import_(src)} skill(s) from {src}")
+    console.print(f"imported {_library(skills_dir, shared).import_(src)} skill(s) from {src}")

@@ -8,21 +8,26 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from evotrainer.cli.common import console, err, parse_overrides, run_dir
+from evotrainer.cli.common import console, err, parse_overrides, print_json, run_dir
 from evotrainer.cli.harness import load_harness
 from evotrainer.config import load_config
 from evotrainer.errors import UserError
+from evotrainer.store.ledger import Ledger
+from evotrainer.store.rollouts import RolloutStore, reward_terms_named
 
 
 def train(
     config: Path = typer.Argument(..., help="YAML run config"),
     set_: list[str] = typer.Option([], "--set", help="Override a field, e.g. --set train.steps=50"),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Clear the run directory first if it holds a run (else a used one is refused)"
+    ),
 ) -> None:
     """Warm-start or load the policy, evaluate, train with RL under the harness, evaluate again."""
     from evotrainer.training.run import train_run
 
     cfg = load_config(config, parse_overrides(set_))
-    train_run(cfg, console)
+    train_run(cfg, console, overwrite=overwrite)
 
 
 def eval_(run: Path = typer.Argument(..., help="Run directory")) -> None:
@@ -53,21 +58,19 @@ def rollouts(
     run: Path = typer.Argument(..., help="Run directory"),
     where: str | None = typer.Option(None, help="SQL condition, e.g. \"reward > 0.5 AND split = 'train'\""),
     limit: int = typer.Option(20, help="Rows to show"),
-    as_json: bool = typer.Option(False, "--json", help="JSON lines instead of a table"),
+    as_json: bool = typer.Option(False, "--json", help="A JSON array of the rollouts instead of a table"),
 ) -> None:
     """Show stored rollouts (DuckDB over the run's Parquet shards)."""
     import duckdb
 
-    from evotrainer.store.rollouts import RolloutStore
-
     store = RolloutStore(run_dir(run) / "store")
+    check_reward_terms(store, "--where", where)
     try:
         rows = store.query(where=where, limit=limit)
     except duckdb.Error as e:
         raise UserError(f"--where {where!r}: {str(e).splitlines()[0]}") from None
     if as_json:
-        for r in rows:
-            print(json.dumps(r, default=str))
+        print_json(rows)
         return
     table = Table(show_lines=False)
     for col in ("id", "step", "split", "termination", "reward", "audit", "completion"):
@@ -80,31 +83,108 @@ def rollouts(
     console.print(table)
 
 
+def check_reward_terms(store: RolloutStore, option: str, sql: str | None) -> None:
+    """A reward term named in SQL that no stored rollout carries is an error naming the terms there are:
+    DuckDB reads a missing key as NULL, and the query would quietly match nothing."""
+    named = reward_terms_named(sql or "")
+    if not named:
+        return
+    known = store.reward_terms()
+    if unknown := [t for t in named if t not in known]:
+        raise UserError(
+            f"{option} {sql!r}: no stored rollout has a reward term {unknown[0]!r}; the terms are "
+            f"{', '.join(known) or '(none: the store holds no rollouts)'}"
+        )
+
+
 def diagnose(
     run: Path = typer.Argument(..., help="Run directory"),
-    branch: str = typer.Option("main", help="Branch to read"),
+    branch: str | None = typer.Option(
+        None, help="Branch to read (default: a loop run's mainline, from the base to its head; `main` for train)"
+    ),
     first: int = typer.Option(1, help="First step of the window"),
     last: int | None = typer.Option(None, help="Last step of the window (default: the latest)"),
-    as_json: bool = typer.Option(False, "--json", help="JSON lines instead of a table"),
+    as_json: bool = typer.Option(False, "--json", help="A JSON array of the findings instead of tables"),
 ) -> None:
-    """Run the diagnostic suite over a window of the run's rollouts; findings cite rollout ids."""
+    """Run the diagnostic suite over a window of the run's rollouts; findings cite rollout ids. A loop run's
+    mainline is read branch by branch (each its own window: the steps under one harness)."""
     from evotrainer.diagnostics.suite import Suite
     from evotrainer.ids import window_id
-    from evotrainer.store.rollouts import RolloutStore
 
     store = RolloutStore(run_dir(run) / "store")
-    if last is None:
-        last = store.sql("SELECT coalesce(max(step), 0) AS s FROM rollouts WHERE branch = ?", [branch])[0]["s"]
-    suite = Suite.default()
-    findings = suite.run(store, branch, first, last)
-    store.append_findings(findings, suite.version, window_id(branch, first, last, suite.version), branch, first, last)
+    suite, found = Suite.default(), []
+    for name, lo, hi in windows(run, store, branch, first, last):
+        findings = suite.run(store, name, lo, hi)
+        store.append_findings(findings, suite.version, window_id(name, lo, hi, suite.version), name, lo, hi)
+        found.append((name, lo, hi, findings))
     if as_json:
-        for f in findings:
-            print(json.dumps({**f.to_record(), "suite_version": suite.version}))
+        print_json({**f.to_record(), "suite_version": suite.version} for *_, fs in found for f in fs)
         return
-    table = Table(
-        title=f"{len(findings)} finding(s), {branch} steps {first}-{last}, suite {suite.version}", show_lines=True
+    if not found:
+        console.print(f"0 finding(s): {run} has no training steps in steps {first}-{last or 'latest'} to diagnose")
+    for name, lo, hi, findings in found:
+        console.print(
+            _findings_table(findings, f"{len(findings)} finding(s), {name} steps {lo}-{hi}, suite {suite.version}")
+        )
+
+
+def windows(
+    run: Path, store: RolloutStore, branch: str | None, first: int, last: int | None
+) -> list[tuple[str, int, int]]:
+    """(branch, first step, last step) of each window to diagnose. A loop run: the named branch, or each
+    trained branch of the mainline (base to the head, as the ledger records it). A train run: its branch."""
+    if (run / "ledger.sqlite").exists():
+        ledger = Ledger(run / "ledger.sqlite")
+        try:
+            rows = {b["id"]: b for b in ledger.branches()}
+            path = [rows[branch]] if branch in rows else mainline_path(ledger)
+        finally:
+            ledger.close()
+        if branch is not None and branch not in rows:
+            raise UserError(f"--branch {branch!r}: {run} has no such branch; its branches: {', '.join(rows)}")
+        spans = [(b["id"], b["first_step"], b["last_step"]) for b in path if b["kind"] != "base"]
+    else:
+        known = [r["branch"] for r in store.sql("SELECT DISTINCT branch FROM rollouts ORDER BY branch")]
+        name = branch or "main"
+        if branch is None and not known:  # nothing trained yet: nothing to diagnose, and nothing wrong
+            return []
+        if name not in known:
+            raise UserError(
+                f"--branch {name!r}: {run} has no rollouts of that branch; its branches: {', '.join(known)}"
+            )
+        top = store.sql("SELECT max(step) AS s FROM rollouts WHERE branch = ?", [name])[0]["s"] or 0
+        spans = [(name, first, top)]
+    out = []
+    for name, lo, hi in spans:
+        lo, hi = max(lo, first), hi if last is None else min(hi, last)
+        if lo <= hi:
+            out.append((name, lo, hi))
+    return out
+
+
+def mainline_path(ledger: Ledger) -> list[dict]:
+    """The branch rows of the mainline, base first: the lineage of the head the ledger last recorded (at the
+    start, a promotion or the end), then a segment trained from that head in a round not yet decided."""
+    from evotrainer.stages.results import STAGE_RESULTS
+    from evotrainer.stages.spend import lineage
+
+    rows = ledger.rows(
+        "SELECT round, stage, result FROM stages WHERE stage IN ('start', 'promote', 'final') "
+        "ORDER BY finished DESC LIMIT 1"
     )
+    if not rows:
+        return []
+    head = STAGE_RESULTS[rows[0]["stage"]].model_validate_json(rows[0]["result"]).head.branch
+    decided = max((r["round"] for r in ledger.rows("SELECT round FROM stages WHERE stage = 'promote'")), default=0)
+    branches = ledger.branches()
+    on_path = lineage(ledger, head)
+    path = sorted((b for b in branches if b["id"] in on_path), key=lambda b: (b["first_step"], b["round"]))
+    ahead = [b for b in branches if b["parent"] == head and b["kind"] == "segment" and b["round"] > decided]
+    return path + ahead[-1:]
+
+
+def _findings_table(findings, title: str) -> Table:
+    table = Table(title=title, show_lines=True)
     for col in ("finding", "severity", "value", "threshold", "message", "evidence", "knobs"):
         table.add_column(col, overflow="fold")
     for f in findings:
@@ -119,7 +199,7 @@ def diagnose(
             "\n".join(f.knobs),
             style=style,
         )
-    console.print(table)
+    return table
 
 
 def backtest(
@@ -132,7 +212,6 @@ def backtest(
     """Replay retained rollouts under the harness with the intervention applied (no training)."""
     from evotrainer.backtest.replay import NotReplayable, load_columns, replay
     from evotrainer.harness.interventions import InterventionError, load_intervention
-    from evotrainer.store.rollouts import RolloutStore
 
     old = load_harness(run)
     try:
@@ -141,6 +220,8 @@ def backtest(
     except InterventionError as e:
         raise UserError(str(e)) from None
     store = RolloutStore(run / "store")
+    check_reward_terms(store, "--where", where)
+    check_reward_terms(store, "--flag", flag)
     terms = sorted(set(old.reward_weights) | set(new.reward_weights))
     cols = load_columns(store, terms, where)
     flagged = {r["id"] for r in store.sql(f"SELECT id FROM rollouts WHERE ({where}) AND ({flag})")}

@@ -3,14 +3,13 @@ warm-start cache key: what a warm-started base depends on in the env config and 
 
 from __future__ import annotations
 
-import importlib
 import json
 from typing import Any
 
 from evotrainer.config import RunConfig
 from evotrainer.envs.config import ImportedConfig
 from evotrainer.envs.env import Domain, EnvCheckError, check_env
-from evotrainer.envs.reward_functions import add_reward_functions
+from evotrainer.envs.reward_functions import add_reward_functions, import_user_module
 from evotrainer.errors import ConfigError
 
 # What the loop reads of a domain beyond its methods (the Domain protocol's attributes).
@@ -20,7 +19,7 @@ DOMAIN_ATTRIBUTES = ("name", "stop", "reward_terms", "evaluator_settings", "eval
 def load_factory(path: str) -> Any:
     """A class or function given as `module:attribute`."""
     module, _, attr = path.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    return getattr(import_user_module(module), attr)
 
 
 # Generated domains (env config `drawn`) already drawn in this process, by what they are drawn from. Every arm
@@ -63,7 +62,8 @@ def _build(cfg: RunConfig, imported: bool) -> Domain:
         raise ConfigError(str(err)) from None
     if imported:
         check_imported(domain, cfg.env.factory)
-    add_reward_functions(domain, cfg.env.reward_functions)
+    sampling = cfg.harness.sampling
+    add_reward_functions(domain, cfg.env.reward_functions, sampling.prompts_per_step, sampling.num_generations)
     return domain
 
 

@@ -13,6 +13,11 @@ from typing import Any
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.knobs import TARGETS, TITLES, Knob, registry
 
+TRL_VERSIONS = ">=1.16,<2"
+"""The TRL releases the TRL export (GRPOConfig keywords) and `train.backend: trl` are tested with (1.16 here);
+older ones lack keys the export writes (0.20: `entropy_coef`, `loss_type="dapo"`), a new major may rename them.
+The dev and trl extras in pyproject.toml require the same range; the TRL backend checks it at start-up."""
+
 
 @dataclass(frozen=True)
 class Line:

@@ -104,15 +104,19 @@ def supervised(
     learning_rate: float,
     seed: int,
     progress: Progress | None = None,
+    log=None,
 ) -> list[float]:
-    """Cross-entropy on action tokens only (prompts and observations are context)."""
+    """Cross-entropy on action tokens only (prompts and observations are context). Without a progress bar,
+    `log` is told the loss at every tenth of the steps: a warm start takes minutes, and a log that says
+    nothing for minutes cannot tell slow from stuck."""
     encoded = [encode_segments(policy, d) for d in demos]
     rng = random.Random(seed)
     opt = torch.optim.AdamW(policy.model.parameters(), lr=learning_rate, betas=(0.9, 0.99), weight_decay=0.0)
     policy.model.train()
     losses = []
     task = progress.add_task("warm start", total=steps) if progress else None
-    for _step in range(steps):
+    t0, every = time.time(), max(1, steps // 10)
+    for step in range(steps):
         batch = [encoded[rng.randrange(len(encoded))] for _ in range(batch_size)]
         width = max(len(ids) for ids, _ in batch)
         ids = torch.full((batch_size, width), policy.pad_id, dtype=torch.long)
@@ -132,6 +136,8 @@ def supervised(
         losses.append(loss.item())
         if progress:
             progress.update(task, advance=1, description=f"warm start (loss {loss.item():.3f})")
+        elif log is not None and ((step + 1) % every == 0 or step + 1 == steps):
+            log(f"warm start: step {step + 1}/{steps}, loss {loss.item():.3f} ({time.time() - t0:.0f}s)")
     return losses
 
 
@@ -161,6 +167,10 @@ def tiny_base(
     if (path / "config.json").exists():
         log(f"warm-started base: reusing {path}")
         return path
+    log(
+        f"warm-started base: none cached for this recipe; building it ({cfg.warm_start.demonstrations} "
+        f"demonstrations, {cfg.warm_start.steps} supervised steps), once, for every later run with this recipe"
+    )
     t0 = time.time()
     demos = demonstrations(domain, cfg.warm_start.demonstrations, seed)
     corpus = ["".join(text for text, _ in d) for d in demos[:5000]]
@@ -175,6 +185,7 @@ def tiny_base(
         learning_rate=cfg.warm_start.learning_rate,
         seed=seed,
         progress=progress,
+        log=log,
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     # Build under a private name, then rename: two runs racing for one recipe never see half a base.

@@ -129,6 +129,12 @@ def _page(run_dir: Path, ledger: Ledger, store: RolloutStore) -> str:
         f"<!doctype html><meta charset=utf-8><title>EvoTrainer run {_e(run_dir.name)}</title><style>{CSS}</style>",
         f"<h1>EvoTrainer run <code>{_e(run_dir.name)}</code></h1>",
     ]
+    if libraries := ledger.skill_libraries():
+        parts.append(
+            "<p>Skill library (read and written by this run): "
+            + ", ".join(f"<code>{_e(p)}</code>" for p in libraries)
+            + ".</p>"
+        )
     if summary:
         parts.append(
             f"<p>{summary['rounds']} round(s), stopped: {_e(summary['stop_reason'])}. "

@@ -1,4 +1,5 @@
-"""The skill library: promoted interventions kept as reusable templates, shared across runs.
+"""The skill library: promoted interventions kept as reusable templates, shared across runs (by default
+the runs of one project: `<run.out_dir>/skills`).
 
 A skill is one JSON file in the library directory: the intervention template (numeric knob changes
 are kept as a factor, so "learning rate x3" transfers to a harness with another learning rate), the
@@ -26,6 +27,15 @@ from evotrainer.proposers.proposer import SkillMatch, similarity
 from evotrainer.store.files import atomic_write_text
 
 WINS_TO_LEAVE_QUARANTINE = 2
+GLOBAL_LIBRARY = Path("~/.evotrainer/skills")
+"""A library shared by every project of this user: read and written only where loop.skills_dir names it."""
+PROJECT_LIBRARY = "skills"
+"""The project's library, a directory of this name beside its runs (in run.out_dir): the default."""
+
+
+def library_dir(skills_dir: str | Path | None, out_dir: str | Path) -> Path:
+    """The library a run uses: loop.skills_dir where set, else the project's, beside the runs."""
+    return Path(skills_dir).expanduser() if skills_dir is not None else Path(out_dir) / PROJECT_LIBRARY
 
 
 class Evidence(BaseModel):

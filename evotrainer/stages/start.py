@@ -24,7 +24,7 @@ from evotrainer.policies import check_device, check_policy_path, load_policy, pl
 from evotrainer.policies.hf import HFPolicy
 from evotrainer.proposers.heuristic import HeuristicProposer
 from evotrainer.proposers.proposer import Proposer
-from evotrainer.skills.library import SkillLibrary
+from evotrainer.skills.library import SkillLibrary, library_dir
 from evotrainer.stages.context import RunContext, StageRecords, split_heldout
 from evotrainer.stages.results import BranchRecord, FinalResult, GateResult, Mainline, StartResult
 from evotrainer.stages.retention import disk_use
@@ -113,13 +113,14 @@ def open_run(cfg: RunConfig, resume: bool, accept_evaluator_change: bool = False
         domain=domain,
         store=RolloutStore(run_dir / "store"),
         ledger=ledger,
-        skills=SkillLibrary(cfg.loop.skills_dir),
+        skills=SkillLibrary(library_dir(cfg.loop.skills_dir, cfg.run.out_dir)),
         executor=executor,
         proposer=make_proposer(cfg, ledger, run_dir),
         gate_ids=gate_ids,
         final_ids=final_ids,
     )
     check_evaluator(ctx, accept_evaluator_change)
+    ledger.record_skill_library(str(ctx.skills.root.resolve()))
     ctx.tracking = Forwarder.open(cfg.run.report_to, run_dir, cfg.run.name, cfg.model_dump(mode="json"))
     return ctx
 
@@ -264,6 +265,7 @@ def summary(ctx: RunContext, started: StartResult, done: FinalResult) -> dict[st
         "final_accuracy": done.accuracy,
         "evaluator_hash": done.evaluator_hash,
         "harness_version": done.head.harness.version,
+        "skill_libraries": ledger.skill_libraries(),
         "promoted": [v.trial for v in verdicts if v.decision == "promote"],
         "rejected": [v.trial for v in verdicts if v.decision == "reject"],
         # Controls (the harness carried on) rejected for an exploit their own window carries.

@@ -113,6 +113,15 @@ class Ledger:
     def set_meta(self, key: str, value: str) -> None:
         self.con.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", [key, value])
 
+    def record_skill_library(self, path: str) -> None:
+        """The skill library the run reads and writes, as it opens; a resume under another adds it."""
+        if path not in (libraries := self.skill_libraries()):
+            self.set_meta("skill_libraries", json.dumps([*libraries, path]))
+
+    def skill_libraries(self) -> list[str]:
+        """Every skill library the run has read and written, first first ([] in ledgers from before)."""
+        return json.loads(self.get_meta("skill_libraries") or "[]")
+
     # -- stages -------------------------------------------------------------------------------------
     def stage_result(self, rnd: int, stage: str) -> dict[str, Any] | None:
         row = self.con.execute("SELECT result FROM stages WHERE round = ? AND stage = ?", [rnd, stage]).fetchone()

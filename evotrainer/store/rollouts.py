@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,27 @@ DIAGNOSIS_SCHEMA = pa.schema(
         ("findings", pa.int64()),
     ]
 )
+
+
+# A reward term named in SQL: `rewards['x']`, `rewards.x`, `rewards."x"`, `element_at(rewards, 'x')` or
+# `map_extract(rewards, 'x')`. DuckDB reads a key the map lacks as NULL, so a misspelt term would filter every
+# row out without a word.
+_TERM_IN_SQL = re.compile(
+    r"""\brewards\s*\[\s*'(?P<index>(?:[^']|'')*)'\s*\]"""
+    r"""|\brewards\s*\.\s*(?:"(?P<quoted>(?:[^"]|"")*)"|(?P<bare>[A-Za-z_]\w*))"""
+    r"""|\b(?:element_at|map_extract)\s*\(\s*rewards\s*,\s*'(?P<call>(?:[^']|'')*)'""",
+    re.IGNORECASE,
+)
+
+
+def reward_terms_named(sql: str) -> list[str]:
+    """The reward terms a SQL condition reads from the `rewards` map, in order, each once."""
+    names = []
+    for m in _TERM_IN_SQL.finditer(sql):
+        quote = '"' if m["quoted"] is not None else "'"
+        name = next(g for g in (m["index"], m["quoted"], m["bare"], m["call"]) if g is not None)
+        names.append(name.replace(quote * 2, quote))
+    return list(dict.fromkeys(names))
 
 
 def atomic_write_parquet(table: pa.Table, path: Path) -> None:
@@ -215,6 +237,11 @@ class RolloutStore:
         for r in self.sql(q, [branch] if branch else None):
             out.setdefault(r["step"], {})[r["name"]] = r["value"]
         return out
+
+    def reward_terms(self) -> list[str]:
+        """Every reward term the stored rollouts carry, sorted."""
+        rows = self.sql("SELECT DISTINCT unnest(map_keys(rewards)) AS term FROM rollouts")
+        return sorted(r["term"] for r in rows if r["term"] is not None)
 
     def count(self, where: str | None = None) -> int:
         return self.sql("SELECT count(*) AS n FROM rollouts" + (f" WHERE {where}" if where else ""))[0]["n"]

@@ -1,7 +1,9 @@
 """MLflow: an experiment named after the run, a parent run for the run as a whole (verdicts, the report)
 and one nested run per arm, tagged with its branch, parent, round and harness version. The store is
-MLFLOW_TRACKING_URI, or a local file store in RUN_DIR/mlruns (`mlflow ui --backend-store-uri ...`); in a
-file store a metric that another one extends (`entropy` beside `entropy/trained`) is logged as `entropy/mean`."""
+MLFLOW_TRACKING_URI, or a local file store in RUN_DIR/mlruns, which MLflow 3 opens only under
+MLFLOW_ALLOW_FILE_STORE=true (set here for the run; a reader sets it too: `MLFLOW_ALLOW_FILE_STORE=true mlflow ui
+--backend-store-uri RUN_DIR/mlruns`, with the full `mlflow` package: mlflow-skinny has no UI). In a file store a
+metric that another one extends (`entropy` beside `entropy/trained`) is logged as `entropy/mean`."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from urllib.parse import urlparse
 
 from mlflow.entities import Metric, Param, RunStatus
 from mlflow.tracking import MlflowClient
+
+from evotrainer.trackers.tracker import trl_logged
 
 BATCH = 1000
 """MLflow's limit of metrics per log_batch call."""
@@ -73,6 +77,7 @@ class MLflowTracker:
 
     def log_metrics(self, arm: str, step: int, metrics: dict[str, float]) -> None:
         now = int(time.time() * 1000)
+        metrics = trl_logged(metrics, rewrite=False)
         keys = [_key(k) for k in metrics]
         if self.file_store:  # a key is a file there, and `entropy` cannot be one beside the folder `entropy/`
             folders = {k.rsplit("/", i)[0] for k in keys for i in range(1, k.count("/") + 1)}

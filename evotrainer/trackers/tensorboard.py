@@ -10,6 +10,8 @@ from typing import Any
 
 import yaml
 
+from evotrainer.trackers.tracker import trl_logged
+
 if importlib.util.find_spec("tensorboard") is not None:
     from torch.utils.tensorboard import SummaryWriter
 else:  # tensorboardX writes the same event files without the tensorboard package
@@ -43,7 +45,7 @@ class TensorBoardTracker:
 
     def log_metrics(self, arm: str, step: int, metrics: dict[str, float]) -> None:
         w = self._writer(arm)
-        for name, value in metrics.items():
+        for name, value in trl_logged(metrics, rewrite=True).items():
             w.add_scalar(name, value, step)
         w.flush()  # the forwarder's cursor moves after this call: what it counts as sent is on disk
 

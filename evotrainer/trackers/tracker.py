@@ -34,7 +34,8 @@ class Tracker(Protocol):
         """Open (or reopen) the arm's run and set its tags; called again with new tags, it updates them."""
 
     def log_metrics(self, arm: str, step: int, metrics: dict[str, float]) -> None:
-        """One step's metrics, under TRL's names (`reward`, `entropy`, `completions/mean_length`...)."""
+        """One step's metrics, under the store's names (`reward`, `completions/mean_length`, `eval/accuracy`...);
+        each backend logs them as a TRL run shows in that tracker (trl_logged)."""
 
     def log_event(self, arm: str | None, step: int, title: str, text: str) -> None:
         """A verdict or a finding, as text at a step (the round, for the run as a whole)."""
@@ -46,6 +47,21 @@ class Tracker(Protocol):
         """Flush and finish every run this tracker opened."""
 
 
+def trl_logged(metrics: dict[str, float], rewrite: bool) -> dict[str, float]:
+    """Step metrics (the store's names: TRL's, and `eval/...` for the evaluator's) under the keys a TRL run
+    has in the same tracker, so the two overlay on one dashboard. transformers' TensorBoard, W&B and Trackio
+    callbacks rewrite the Trainer's keys (`rewrite`): `train/reward`, `eval/accuracy`; its MLflow callback
+    logs them as they are: `reward`, `eval_accuracy`."""
+    out = {}
+    for name, value in metrics.items():
+        evaluated = name.startswith("eval/")
+        if rewrite:
+            out[name if evaluated else f"train/{name}"] = value
+        else:
+            out[f"eval_{name.removeprefix('eval/')}" if evaluated else name] = value
+    return out
+
+
 def check_report_to(names: list[str]) -> None:
     """Raise a ConfigError naming `run.report_to` when a named tracker's package is not installed:
     called at start-up, before anything is written."""
@@ -53,7 +69,9 @@ def check_report_to(names: list[str]) -> None:
         if name not in BACKENDS:
             raise ConfigError(f"run.report_to: unknown tracker {name!r}; choose from {sorted(BACKENDS)}")
         if not any(importlib.util.find_spec(p) is not None for p in BACKENDS[name][1]):
-            raise ConfigError(f"run.report_to: {name!r} needs `pip install evotrainer[{name}]`")
+            raise ConfigError(
+                f"run.report_to: {name!r} needs the {name} extra: `pip install -e '.[{name}]'` in the evotrainer clone"
+            )
 
 
 def make_tracker(name: str, run_dir: Path, run_name: str, config: dict[str, Any]) -> Tracker:

@@ -9,6 +9,8 @@ from typing import Any
 
 import trackio
 
+from evotrainer.trackers.tracker import trl_logged
+
 RUN = "_run"
 
 
@@ -48,7 +50,7 @@ class TrackioTracker:
         self._open(arm)
 
     def log_metrics(self, arm: str, step: int, metrics: dict[str, float]) -> None:
-        self._open(arm).log(dict(metrics), step=step)
+        self._open(arm).log(trl_logged(metrics, rewrite=True), step=step)
 
     def log_event(self, arm: str | None, step: int, title: str, text: str) -> None:
         self._open(arm).alert(title=title, text=text, level=trackio.AlertLevel.INFO, step=step)

@@ -13,6 +13,8 @@ from typing import Any
 
 import wandb
 
+from evotrainer.trackers.tracker import trl_logged
+
 RUN = "_run"
 OPEN_RUNS = 4
 """W&B runs kept open at once (each is a writer in wandb's service process)."""
@@ -50,7 +52,7 @@ class WandbTracker:
         self._run(arm).config.update(tags, allow_val_change=True)
 
     def log_metrics(self, arm: str, step: int, metrics: dict[str, float]) -> None:
-        self._run(arm).log(dict(metrics), step=step)
+        self._run(arm).log(trl_logged(metrics, rewrite=True), step=step)
 
     def log_event(self, arm: str | None, step: int, title: str, text: str) -> None:
         # Events go to the summary (W&B steps only move forward, and an event may concern an earlier step).

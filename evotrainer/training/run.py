@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -14,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from evotrainer.config import RunConfig, dump_config
 from evotrainer.envs.registry import make_domain
+from evotrainer.errors import ConfigError
 from evotrainer.evaluation import evaluate, record_eval
 from evotrainer.harness.harness import save_harness
 from evotrainer.harness.rewards import check_terms
@@ -27,7 +31,10 @@ from evotrainer.training.trl_backend import check_trl, make_trainer, run_steps
 BRANCH = "main"
 
 
-def progress_bar(console: Console) -> Progress:
+def progress_bar(console: Console) -> Progress | PlainProgress:
+    """Bars on a terminal; plain lines elsewhere (a log file, CI), where a bar would draw nothing until it ends."""
+    if not console.is_terminal:
+        return PlainProgress(console)
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -38,13 +45,85 @@ def progress_bar(console: Console) -> Progress:
     )
 
 
+PLAIN_EVERY = 30.0
+"""Seconds between two lines of a task that advances slowly: a reader of the log can tell slow from stuck."""
+
+
+@dataclass
+class _Line:
+    description: str
+    total: float | None
+    started: float
+    completed: float = 0.0
+    said_at: float = 0.0
+    said_tenth: int = -1
+
+
+class PlainProgress:
+    """rich's Progress as plain lines (the calls training, evaluation and the warm start make of it): a line
+    when a task starts, at each tenth of its total, every PLAIN_EVERY seconds in between, and when it ends."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.tasks: list[_Line] = []
+
+    def __enter__(self) -> PlainProgress:
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        return None
+
+    def add_task(self, description: str, total: float | None = None, **_: Any) -> int:
+        now = time.perf_counter()
+        self.tasks.append(_Line(description, total, now))
+        self._say(self.tasks[-1], now)
+        return len(self.tasks) - 1
+
+    def update(self, task: int, advance: float = 0.0, description: str | None = None, **_: Any) -> None:
+        line, now = self.tasks[task], time.perf_counter()
+        line.completed += advance
+        line.description = description or line.description
+        tenth = int(10 * line.completed / line.total) if line.total else -1
+        if tenth > line.said_tenth or now - line.said_at >= PLAIN_EVERY:
+            self._say(line, now)
+
+    def _say(self, line: _Line, now: float) -> None:
+        of = f" {line.completed:g}/{line.total:g}" if line.total else ""
+        self.console.print(f"{line.description}{of} ({now - line.started:.0f}s)", markup=False, highlight=False)
+        line.said_at = now
+        line.said_tenth = int(10 * line.completed / line.total) if line.total else -1
+
+
 def seed_everything(cfg: RunConfig) -> None:
     torch.set_num_threads(cfg.run.threads)
     torch.manual_seed(cfg.run.seed)
     random.seed(cfg.run.seed)
 
 
-def train_run(cfg: RunConfig, console: Console | None = None) -> dict:
+def claim_run_dir(run_dir: Path, overwrite: bool) -> None:
+    """A new run's directory is empty: a second run written over a first would leave one summary over both
+    runs' stores, and every reader (diagnose, rollouts, the report) would mix them. `overwrite` clears a
+    run directory first (never a directory that is not one)."""
+    if not run_dir.is_dir() or not any(run_dir.iterdir()):
+        return
+    loop = (run_dir / "ledger.sqlite").exists()
+    if not overwrite:
+        raise ConfigError(
+            f"run.name: {run_dir} already holds a {'loop ' if loop else ''}run; choose another run.name, or pass "
+            "--overwrite to clear it first"
+            + (f" (`evotrainer resume {run_dir}` continues the loop run)" if loop else "")
+        )
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(
+            f"--overwrite: {run_dir} is not a run directory (no config.yaml), so it is not cleared; choose "
+            "another run.name or run.out_dir"
+        )
+    shutil.rmtree(run_dir)
+
+
+def train_run(cfg: RunConfig, console: Console | None = None, overwrite: bool = False) -> dict:
+    """The static run; a used run directory is refused unless `overwrite` (then cleared, once every check
+    of the config has passed)."""
     console = console or Console()
     seed_everything(cfg)
     # Everything the config can get wrong is checked before the run directory is written.
@@ -55,6 +134,7 @@ def train_run(cfg: RunConfig, console: Console | None = None) -> dict:
     check_device(cfg)
     check_report_to(cfg.run.report_to)
     run_dir = Path(cfg.run.out_dir) / cfg.run.name
+    claim_run_dir(run_dir, overwrite)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     save_harness(run_dir, cfg.harness)

@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from packaging.specifiers import SpecifierSet
 from torch.optim.lr_scheduler import LambdaLR
 from transformers import PrinterCallback, TrainerCallback
 
 from evotrainer.config import RunConfig
 from evotrainer.envs.env import Domain, audit_verdict
 from evotrainer.errors import ConfigError
-from evotrainer.harness.export import export
+from evotrainer.harness.export import TRL_VERSIONS, export
 from evotrainer.harness.filters import trainable
 from evotrainer.harness.harness import Harness
 from evotrainer.policies.hf import HFPolicy
@@ -75,9 +76,20 @@ def check_trl(cfg: RunConfig, domain: Domain) -> None:
             f"train.trl_args: {clash} are set from the harness or by the backend; change the harness knob instead"
         )
     try:
-        import trl  # noqa: F401  (an optional dependency, only this backend needs it)
+        import trl  # an optional dependency, only this backend needs it
     except ImportError:
-        raise ConfigError("train.backend: trl needs the trl package (pip install trl)") from None
+        raise ConfigError(f"train.backend: trl needs the trl package (pip install 'trl{TRL_VERSIONS}')") from None
+    check_trl_version(trl.__version__)
+
+
+def check_trl_version(version: str) -> None:
+    """TRL outside the tested range is refused: GRPOConfig keywords come and go between releases, and a run
+    that fails on one at its first step, or quietly trains under another default, costs more than a stop."""
+    if version not in SpecifierSet(TRL_VERSIONS, prereleases=True):
+        raise ConfigError(
+            f"train.backend: trl is tested with trl{TRL_VERSIONS}, and trl {version} is installed; "
+            f"pip install 'trl{TRL_VERSIONS}', or use train.backend ours"
+        )
 
 
 def check_harness(h: Harness, domain: Domain) -> None:

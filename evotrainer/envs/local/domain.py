@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from evotrainer.envs.local.config import LocalConfig
+from evotrainer.envs.reward_functions import PROMPT_MESSAGES
 from evotrainer.envs.single_turn import SingleTurnDomain, format_reward, prompt_text
 from evotrainer.types import Task
 
@@ -103,6 +104,31 @@ def split_rows(
     return held, train
 
 
+def conversation(messages: list | tuple, *, k: int, column: str) -> list[dict[str, str]]:
+    """A row's prompt in TRL's conversational format (`[{"role": ..., "content": ...}]`, a content given as
+    text parts joined) as plain messages; anything else is a ValueError naming env.prompt_column."""
+    out = []
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list):  # content parts: [{"type": "text", "text": ...}]
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        if not isinstance(content, str) or not isinstance(m.get("role"), str):
+            raise ValueError(
+                f"env.prompt_column = {column!r}: row {k} holds a list that is not TRL's conversational format "
+                f"(a list of {{'role': ..., 'content': ...}} messages): {m!r}"
+            )
+        out.append({"role": m["role"], "content": content})
+    return out
+
+
+def render_messages(messages: list[dict[str, str]]) -> str:
+    """Messages as the policy's prompt text: a lone user message is its content; several are one line of
+    `role: content` each. No chat template is applied (the tiny policy has none)."""
+    if len(messages) == 1 and messages[0]["role"] == "user":
+        return messages[0]["content"]
+    return "\n".join(f"{m['role']}: {m['content']}" for m in messages)
+
+
 class LocalDomain(SingleTurnDomain):
     name = "local"
     strict = STRICT_RE
@@ -148,7 +174,11 @@ class LocalDomain(SingleTurnDomain):
         # The row's other columns ride along in `data`, where TRL / verl reward functions read them.
         data = {k: v for k, v in row.items() if k != prompt_column}
         data["answer"] = str(row[answer_column]).strip()
-        return Task(id=f"local-{split}-{i}", split=split, prompt=prompt_text(str(row[prompt_column])), data=data)
+        prompt = row[prompt_column]
+        if isinstance(prompt, list | tuple):  # TRL's conversational format: the messages, kept for reward functions
+            data[PROMPT_MESSAGES] = conversation(prompt, k=i, column=prompt_column)
+            prompt = render_messages(data[PROMPT_MESSAGES])
+        return Task(id=f"local-{split}-{i}", split=split, prompt=prompt_text(str(prompt)), data=data)
 
     def tasks(self, split: str) -> list[Task]:
         return self._splits[split]

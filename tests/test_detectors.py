@@ -527,3 +527,22 @@ def test_check_detector_rejects_contract_breaks(healthy):
                 check_detector(bad, w)
     finally:
         w.con.close()
+
+
+# -- the sampler against the update ---------------------------------------------------------------------------------
+def test_sampling_mismatch_fires_on_a_measured_gap_and_names_the_correction(store):
+    """bfloat16 weights put SmolLM2's sampler 0.035 nats a token from the update's forward (float32: 2e-6); a
+    window measured at that gap fires, citing the worst step's rollouts and the knob that corrects it."""
+
+    def metrics(s: int) -> dict[str, float]:
+        return {**healthy_metrics(s), "sampling/sampling_logp_difference/mean": 0.03 + (0.02 if s == 6 else 0.0)}
+
+    write(store, metrics=metrics, tokens=lambda s, g, i: 5 + g * SIZE + i)
+    [f] = detect(store, "sampling_mismatch")
+    assert f.value == pytest.approx(0.03 + 0.02 / 9) and f.threshold == 0.01
+    assert f.knobs == ("loss.tis_cap",) and list(f.evidence)[0] == rid(6, 15)
+
+
+def test_sampling_mismatch_is_quiet_at_float_noise(store):
+    write(store, metrics=lambda s: {**healthy_metrics(s), "sampling/sampling_logp_difference/mean": 2e-6})
+    assert detect(store, "sampling_mismatch") == []

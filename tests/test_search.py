@@ -180,3 +180,12 @@ def test_the_finding_that_names_the_exploit_channel_is_remedied_first():
     # Without the channel's own finding the generic remedies still come up.
     [other] = HeuristicProposer().propose(brief(found[:3], h=h, limit=1)).proposals
     assert other.intervention.kind != "replace_reward_term"
+
+
+def test_a_sampler_mismatch_is_answered_with_truncated_importance_sampling_once():
+    out = HeuristicProposer().propose(brief([finding("sampling_mismatch", ("loss.tis_cap",))])).proposals
+    first = out[0].intervention
+    assert (first.kind, first.target, first.value) == ("set_knob", "loss.tis_cap", 2.0)
+    on = Harness(optimizer={"learning_rate": 1e-4}, loss={"tis_cap": 2.0})
+    again = HeuristicProposer().propose(brief([finding("sampling_mismatch", ("loss.tis_cap",))], h=on)).proposals
+    assert not any(p.intervention.target == "loss.tis_cap" and p.intervention.value == 2.0 for p in again)

@@ -449,3 +449,33 @@ def nonfinite(w: Window) -> list[Finding]:
             f"{len(steps)} step(s) had a non-finite update, grad norm, reward or entropy (steps {shown}).",
         )
     ]
+
+
+# -- the sampler against the update ---------------------------------------------------------------------------------
+def sampling_mismatch(w: Window) -> list[Finding]:
+    """The sampler's logprobs of the sampled tokens differ from the update's forward at the same weights by more
+    than float noise (TRL's sampling/sampling_logp_difference/mean, averaged over the window): the rollouts come
+    from another distribution than the one trained, as with bfloat16 weights or another inference engine, and
+    the policy gradient is biased unless importance weights correct it (loss.tis_cap)."""
+    p = w.params
+    mean, n, worst = w.con.execute(
+        "SELECT avg(value), count(*), arg_max(step, value) FROM metrics "
+        "WHERE name = 'sampling/sampling_logp_difference/mean' AND isfinite(value)"
+    ).fetchone()
+    if n < p["min_steps"] or mean is None or mean <= p["max_mean"]:
+        return []
+    ev = ids(w, "SELECT id FROM rollout_stats WHERE step = ? ORDER BY completion_tokens DESC, id", [worst])
+    return [
+        finding(
+            w,
+            "sampling_mismatch",
+            "warning",
+            mean,
+            p["max_mean"],
+            ev,
+            ("loss.tis_cap",),
+            f"The sampler's logprobs differ from the update's by {mean:.3g} nats a token on average over {n} steps "
+            f"(above {p['max_mean']:g}; worst at step {worst}): the rollouts were not sampled from the policy "
+            "being trained.",
+        )
+    ]

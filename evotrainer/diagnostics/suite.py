@@ -67,6 +67,8 @@ CORE: dict[str, DetectorDefaults] = {
         validity.reward_audit_gap, {"rewarded_threshold": 0.5, "max_gap": 0.1, "min_audited": 20}
     ),
     "plateau": DetectorDefaults(builtin.plateau, {"min_slope": 1e-3, "min_steps": 20, "ceiling": 0.9}),
+    # float32 sampling and training agree to ~1e-5 nats a token; bfloat16 weights put them ~0.03 apart.
+    "sampling_mismatch": DetectorDefaults(builtin.sampling_mismatch, {"max_mean": 0.01, "min_steps": 2}),
 }
 
 

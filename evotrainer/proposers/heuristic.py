@@ -209,6 +209,17 @@ CATALOG: dict[str, list[Remedy]] = {
             "penalising the long tail discourages loops",
         ),
     ],
+    "sampling_mismatch": [
+        Remedy(
+            "set_knob",
+            "loss.tis_cap",
+            lambda h, f: None if h.loss.tis_cap is not None else 2.0,
+            "sampling/importance_sampling_ratio/max",
+            "down",
+            "truncated importance sampling weights each token by p_train / p_sample (capped at 2, verl's default), "
+            "so rollouts the sampler drew from a slightly other distribution train the policy without bias",
+        ),
+    ],
     "kl_spike": [
         Remedy(
             "set_knob",

@@ -243,8 +243,10 @@ EVIDENCE: dict[str, Callable[[dict, Result], bool]] = {
 
 # -- the tests ------------------------------------------------------------------------------------------
 # Detectors of the code and SWE domains fire on those domains' rollouts; their domain tests plant the
-# behaviour and check the evidence ids (a math scenario cannot produce a test-file edit).
+# behaviour and check the evidence ids (a math scenario cannot produce a test-file edit). sampling_mismatch
+# needs a sampler that differs from the update (bfloat16): test_detectors.py plants the logprobs.
 DOMAIN_TESTED = {
+    "sampling_mismatch": "test_detectors.py",
     "hardcoded_examples": "test_code_domain.py",
     "exec_errors": "test_code_domain.py",
     "test_tampering": "test_swe_domain.py",

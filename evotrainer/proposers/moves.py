@@ -42,6 +42,7 @@ SWITCH_ON: dict[str, Any] = {
     "curriculum.easy_threshold": 1.0,
     "curriculum.hard_threshold": 0.0,
     "loss.epsilon_high": 0.28,
+    "loss.tis_cap": 2.0,  # the cap most TIS recipes start from (verl's rollout_is_threshold default)
 }
 NOT_MOVED = frozenset({"suite_version", "reward_weights.*"})
 

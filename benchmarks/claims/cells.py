@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from benchmarks.claims.arms import DOMAIN_SETS, arm_config, config_file, read_tasks
+from benchmarks.claims.arms import DOMAIN_SETS, READ_TASKS, arm_config, config_file, read_tasks
 from benchmarks.claims.records import Cell, cell_name, read_cell
 from benchmarks.claims.runners import loop_arm, static_arm
 from benchmarks.manifest import write_result
@@ -33,7 +33,7 @@ def run_cell(domain: str, arm: str, seed: int, work: Path, sets: dict, cells: Pa
             run_cell(domain, "loop_default", seed, work, sets, cells)
             warm = cold.loop.skills_dir
         res = loop_arm(cfg, warm)
-    tasks = read_tasks(cfg)
+    tasks = read_tasks(cfg, READ_TASKS[domain])
     ev = evaluate(HFPolicy.load(res["checkpoint"]), make_domain(cfg), tasks, cfg.eval)
     seconds = time.perf_counter() - t0  # the arm and its read; the skills read below is not counted
     trajectory = None

@@ -38,7 +38,7 @@ def sweep(domain: str, lrs: list[float], work: Path, sets: dict) -> list[dict]:
         sweep_work = work / f"sweep-lr{lr:g}"
         cfg = arm_config(domain, "static_reference", TUNING_SEED, sweep_work, over)
         res = static_arm(cfg, cfg.budget.generated_tokens if lr else 0)  # rate 0: the base, untrained
-        tasks = tasks or tuning_tasks(cfg)  # the same for every rate
+        tasks = tasks or tuning_tasks(cfg, READ_TASKS[domain])  # the same for every rate
         ev = evaluate(HFPolicy.load(res["checkpoint"]), make_domain(cfg), tasks, cfg.eval)
         done[lr] = {"learning_rate": lr, "accuracy": ev.accuracy, "tasks": len(tasks), **res}
         # One manifest for the file: the rates in it may come from several sittings, each named in the note.
@@ -57,8 +57,8 @@ def sweep(domain: str, lrs: list[float], work: Path, sets: dict) -> list[dict]:
     return list(done.values())
 
 
-def tuning_tasks(cfg: RunConfig) -> list:
-    """Up to READ_TASKS tasks drawn under the seed after TUNING_SEED, minus the tuning run's own train and
+def tuning_tasks(cfg: RunConfig, n: int) -> list:
+    """Up to n tasks drawn under the seed after TUNING_SEED, minus the tuning run's own train and
     held-out questions (as the benchmark's read) and minus every question a benchmark seed is gated or read
     on (its held-out split and its read tasks). Questions a benchmark seed trains on may remain: a tuning
     read on them leaks no reported figure."""
@@ -66,8 +66,7 @@ def tuning_tasks(cfg: RunConfig) -> list:
     seen = {task_key(t) for split in ("train", "heldout") for t in own.tasks(split)}
     for s in SEEDS:
         bench = with_seed(cfg, s)
-        seen |= {task_key(t) for t in read_tasks(bench) + make_domain(bench).tasks("heldout")}
-    n = READ_TASKS[cfg.env.domain]
+        seen |= {task_key(t) for t in read_tasks(bench, n) + make_domain(bench).tasks("heldout")}
     draw = cfg.model_copy(
         update={
             "run": cfg.run.model_copy(update={"seed": TUNING_SEED + 1}),

@@ -36,6 +36,7 @@ CORE: dict[str, DetectorDefaults] = {
         builtin.entropy_explosion,
         {
             "max_entropy": 2.0,
+            "min_rise": 0.1,
             "gibberish_logprob": -3.0,
             "max_odd_chars": 0.5,
             "max_gibberish": 0.2,

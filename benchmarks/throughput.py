@@ -2,9 +2,11 @@
 (1) our KV-cache sampler vs a plain `model.generate` call, with and without a stop string;
 (2) one GRPO step (sample + update) of our trainer vs TRL's GRPOTrainer with matching settings.
 
-    python -m benchmarks.throughput [--steps 8] [--repeats 5]
+    python -m benchmarks.throughput [--config examples/math_train.yaml] [--steps 8] [--repeats 5]
 
-Prints a Markdown table of tokens/s and ratios (paste it into benchmarks/RESULTS.md).
+The tiny default policy by default; `--config examples/smollm2_math.yaml` measures the pretrained
+SmolLM2-135M-Instruct (LoRA, chat template, answers in free text, EOS ends a completion). Prints a Markdown
+table of tokens/s and ratios and writes benchmarks/results/throughput-NAME.json with its manifest.
 """
 
 from __future__ import annotations
@@ -14,14 +16,16 @@ import copy
 import os
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
-from benchmarks.paths import ROOT, scratch
+from benchmarks.manifest import write_result
+from benchmarks.paths import RESULTS, ROOT, scratch
 from benchmarks.tables import markdown_table
 from evotrainer.config import load_config
-from evotrainer.envs.math.domain import extract_answer
 from evotrainer.envs.registry import make_domain
+from evotrainer.envs.single_turn import free_answer
 from evotrainer.harness.harness import Harness
 from evotrainer.policies import load_policy
 from evotrainer.policies.hf import HFPolicy, left_pad
@@ -101,21 +105,28 @@ def bench_trl(policy: HFPolicy, domain, harness: Harness, steps: int) -> float:
 
     s = harness.sampling
     tasks = [t for step in range(1, steps + 2) for t in step_tasks(domain.tasks("train"), s.prompts_per_step, 0, step)]
-    data = Dataset.from_list([{"prompt": t.prompt, "task_index": i} for i, t in enumerate(tasks)])
+    # A chat model gets TRL's conversational prompts (TRL applies the template), as our sampler renders them.
+    rows = [
+        {"prompt": [{"role": "user", "content": t.prompt}] if policy.chat else t.prompt, "task_index": i}
+        for i, t in enumerate(tasks)
+    ]
+    data = Dataset.from_list(rows)
+
+    def text(c) -> str:
+        return c[-1]["content"] if isinstance(c, list) else c
 
     def correct(completions, task_index, **kw):
         return [
-            domain.correct(tasks[i], [Turn(c, 0, 0.0)], {"answer": extract_answer(c)})
+            domain.correct(tasks[i], [Turn(text(c), 0, 0.0)], {"answer": free_answer(text(c))})
             for c, i in zip(completions, task_index)
         ]
 
     stamps: list[tuple[float, float]] = []
 
-    class Clock(TrainerCallback):
-        def on_step_end(self, args, state, control, **kw):
-            stamps.append(
-                (time.perf_counter(), state.log_history[-1].get("num_tokens", 0) if state.log_history else 0)
-            )
+    class Clock(TrainerCallback):  # a step's end and the mean completion length TRL logged for it
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "completions/mean_length" in logs:
+                stamps.append((time.perf_counter(), logs["completions/mean_length"]))
 
     cfg = GRPOConfig(
         output_dir=str(scratch("evotrainer-bench-trl")),
@@ -147,9 +158,9 @@ def bench_trl(policy: HFPolicy, domain, harness: Harness, steps: int) -> float:
     t0 = time.perf_counter()
     trainer.train()
     ends = [t0] + [t for t, _ in stamps]
-    durations = [b - a for a, b in zip(ends, ends[1:])][1:]
-    completion_tokens = s.num_generations * s.prompts_per_step * s.max_completion_length
-    return completion_tokens / statistics.median(durations)
+    # Tokens a step sampled (TRL's logged mean length x completions: a real model stops at EOS) over its time.
+    rates = [s.num_generations * s.prompts_per_step * n / (b - a) for a, b, (_, n) in zip(ends, ends[1:], stamps)]
+    return statistics.median(rates[1:])
 
 
 class NoStop:
@@ -177,11 +188,12 @@ def main(argv: list[str] | None = None) -> None:
     h = cfg.harness
     s = h.sampling
     tasks = [t for t in step_tasks(domain.tasks("train"), s.prompts_per_step, 0, 1) for _ in range(s.num_generations)]
-    contexts = [policy.encode(t.prompt) for t in tasks]
+    contexts = [policy.encode_prompt(t.prompt) for t in tasks]
     n_params = sum(p.numel() for p in policy.model.parameters())
     rows = []
+    stops = " / ".join(f"`{x}`" for x in domain.stop) or "EOS"
     for label, stop, max_new in (
-        ("stop at `</answer>`", domain.stop, s.max_completion_length),
+        (f"stop at {stops}", domain.stop, s.max_completion_length),
         ("fixed length, no stop", (), 32),
     ):
         ours, gen = bench_sampling(policy, contexts, max_new, stop, args.repeats)
@@ -198,12 +210,23 @@ def main(argv: list[str] | None = None) -> None:
             trl,
         )
     )
-    print(
-        f"\nmodel: tiny Llama {n_params / 1e6:.2f}M params; torch threads 2; "
-        f"median of {args.repeats} sampling repeats, {args.steps} GRPO steps after 1 warm-up\n"
+    model = cfg.policy.pretrained or cfg.policy.path or "tiny Llama"
+    lora = f", LoRA rank {cfg.policy.lora_rank}" if cfg.policy.lora_rank else ""
+    about = (
+        f"model: {model} {n_params / 1e6:.1f}M params{lora}, {cfg.policy.dtype}; torch threads 2; "
+        f"median of {args.repeats} sampling repeats, {args.steps} GRPO steps after 1 warm-up"
     )
+    print(f"\n{about}\n")
     lines = [[name, f"{a:,.0f}", base, f"{b:,.0f}", f"{a / b:.2f}x"] for name, a, base, b in rows]
     print(markdown_table(["measurement", "ours (tokens/s)", "baseline", "baseline (tokens/s)", "ratio"], lines))
+    out = RESULTS / f"throughput-{Path(args.config).stem}.json"
+    result = {
+        "about": about,
+        "rows": [
+            {"measurement": n, "ours": a, "baseline": base, "theirs": b, "ratio": a / b} for n, a, base, b in rows
+        ],
+    }
+    write_result(out, result, configs=[args.config], note=f"python -m benchmarks.throughput --config {args.config}")
 
 
 if __name__ == "__main__":

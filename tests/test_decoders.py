@@ -21,8 +21,20 @@ def qwen2(**kw):
     return Qwen2ForCausalLM(Qwen2Config(**SMALL, num_attention_heads=4, num_key_value_heads=2, **kw)).eval()
 
 
+def lora_llama():
+    """An adapted Llama whose adapters change every projection (peft starts lora_B at zero: a no-op)."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(llama(num_key_value_heads=2), LoraConfig(r=2, target_modules="all-linear"))
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.2)
+    return model.eval()
+
+
 MODELS = {
     "llama": lambda: llama(num_key_value_heads=4),
+    "llama-lora": lora_llama,
     "llama-gqa-bias": lambda: llama(num_key_value_heads=2, attention_bias=True),
     "qwen2": qwen2,
 }
@@ -69,6 +81,6 @@ def test_own_decoder_only_where_it_is_exact():
     windowed = qwen2(use_sliding_window=True, sliding_window=16, max_window_layers=0)
     assert own_decoder_fits(windowed, 16) and not own_decoder_fits(windowed, 17)
     lora = get_peft_model(llama(num_key_value_heads=4), LoraConfig(r=2, target_modules="all-linear"))
-    assert not own_decoder_fits(lora, 64)  # its adapters are outside the weights the decoder reads
+    assert own_decoder_fits(lora, 64)  # its adapters sit in the projections the decoder calls
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=101, n_embd=32, n_layer=1, n_head=2, n_positions=64))
     assert not own_decoder_fits(gpt2, 64)

@@ -239,35 +239,10 @@ def test_a_real_model_loop_stopped_at_a_stage_boundary_resumes_to_the_same_decis
 @pytest.fixture(scope="module")
 def served(smol, tmp_path_factory):
     """The converted model served by `transformers serve` on 127.0.0.1 (OpenAI-compatible), as a user would."""
-    import socket
-    import urllib.request
+    from benchmarks.llm_proposer import served as serve
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    serve = Path(sys.executable).with_name("transformers")
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [str(serve), "serve", str(smol), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-    url = f"http://127.0.0.1:{port}/v1"
-    t0 = time.monotonic()
-    while True:
-        try:
-            models = json.loads(urllib.request.urlopen(f"{url}/models", timeout=5).read())["data"]
-            break
-        except OSError:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() - t0 < 300, "transformers serve did not come up: " + log.read_text()[-3000:]
-            time.sleep(1)
-    yield url, models[0]["id"]
-    proc.terminate()
-    proc.wait(timeout=60)
+    with serve(smol, tmp_path_factory.mktemp("serve") / "serve.log") as (url, model):
+        yield url, model
 
 
 def test_the_llm_proposer_runs_a_round_against_the_served_real_model(served, tmp_path, math_setup):

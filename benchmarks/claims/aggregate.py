@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.claims.arms import DOMAINS, MAIN_ARMS
-from benchmarks.claims.records import Cell, DomainClaims, SkillPair, Skills, read_cells
+from benchmarks.claims.records import Cell, DomainClaims, OverBase, SkillPair, Skills, read_cells
 from benchmarks.intervals import SeedT, paired_interval
 from benchmarks.manifest import results_in, write_result
 from benchmarks.tables import markdown_table, mean_and_seeds
@@ -78,8 +78,26 @@ def skills(by: dict[Key, Cell]) -> Skills | None:
     )
 
 
+def over_base(by: dict[Key, Cell], domain: str) -> dict[str, Any]:
+    """Each main arm against the base on the seeds with both cells (at least two: a seed-level interval)."""
+    out = {}
+    for arm in MAIN_ARMS:
+        seeds = sorted(s for (d, a, s) in by if d == domain and a == arm and (domain, "base", s) in by)
+        if len(seeds) < 2:
+            continue
+        cells, base = [by[domain, arm, s] for s in seeds], [by[domain, "base", s] for s in seeds]
+        out[arm] = OverBase(
+            seeds=seeds,
+            arm=[c.accuracy for c in cells],
+            base=[c.accuracy for c in base],
+            vs_base=paired_interval([c.outcomes for c in cells], [c.outcomes for c in base]),
+        ).model_dump(mode="json")
+    return out
+
+
 def aggregate(cells: list[Cell]) -> dict[str, Any]:
-    """claims.json's content: per domain with a full seed, its DomainClaims; then `skills` if any warm run."""
+    """claims.json's content: per domain with a full seed, its DomainClaims; then `skills` if any warm run;
+    `over_base`: each arm against the untrained base, wherever two seeds have both (complete or not)."""
     by = {(c.domain, c.arm, c.seed): c for c in cells}
     out: dict[str, Any] = {}
     for domain in DOMAINS:
@@ -87,6 +105,9 @@ def aggregate(cells: list[Cell]) -> dict[str, Any]:
         full = [s for s in seeds if all((domain, a, s) in by for a in MAIN_ARMS)]
         if full:
             out[domain] = domain_claims(by, domain, full).model_dump(mode="json")
+    bases = {d: o for d in DOMAINS if (o := over_base(by, d))}
+    if bases:
+        out["over_base"] = bases
     if (sk := skills(by)) is not None:
         out["skills"] = sk.model_dump(mode="json")
     return out

@@ -91,6 +91,16 @@ class DomainClaims(BaseModel):
     invalid_outcomes: list[str]
 
 
+class OverBase(BaseModel):
+    """An arm against the untrained base, task by task on each seed's read tasks, over the seeds that have
+    both cells: whether RL helped at all (issue #26: static RL on a pretrained model, 3 seeds, paired)."""
+
+    seeds: list[int]
+    arm: list[float]
+    base: list[float]
+    vs_base: PairedInterval
+
+
 class SkillPair(BaseModel):
     domain: str
     seed: int

@@ -7,8 +7,10 @@ token outside arithmetic: DynamicCache concatenates every layer's whole cache at
 of sampling time on the tiny policy), StaticCache attends over the full preallocated length, and the
 model's forward rebuilds masks through several layers of Python per token. vLLM and SGLang do this well
 on GPUs, but as servers, not as an in-process sampler returning the exact token ids and logprobs the
-trainer needs. What this decoder cannot reproduce exactly (LoRA adapters, other architectures, a
-sliding window shorter than the sequence) takes the Hugging Face path.
+trainer needs. What this decoder cannot reproduce exactly (other architectures, a sliding window shorter
+than the sequence) takes the Hugging Face path. peft's LoRA layers replace the projections in place, so
+calling them computes what the adapted model's forward computes (base output plus the scaled adapter; no
+dropout in eval mode): an adapted Llama-family model decodes here too.
 """
 
 from __future__ import annotations
@@ -27,11 +29,17 @@ LLAMA_FAMILY = {"llama", "mistral", "qwen2"}
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
+def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The causal LM itself: under a peft wrapper, the base model whose projections carry the adapters."""
+    return model.get_base_model() if hasattr(model, "peft_config") else model
+
+
 def own_decoder_fits(model: torch.nn.Module, capacity: int) -> bool:
     """Whether KVDecoder computes exactly what `model` computes, for sequences up to `capacity` tokens."""
+    model = unwrapped(model)
     cfg = getattr(model, "config", None)
     inner = getattr(model, "model", None)
-    if cfg is None or getattr(cfg, "model_type", None) not in LLAMA_FAMILY or hasattr(model, "peft_config"):
+    if cfg is None or getattr(cfg, "model_type", None) not in LLAMA_FAMILY:
         return False
     if getattr(cfg, "hidden_act", None) != "silu" or not hasattr(inner, "rotary_emb"):
         return False
@@ -81,12 +89,13 @@ class KVDecoder:
 
     def __init__(self, model: torch.nn.Module, capacity: int):
         cfg = model.config
-        self.model = model
+        self.model = model  # the prompts go through its own forward, adapters and all
+        self.lm = unwrapped(model)  # the steps call the layers of the model inside
         self.capacity = capacity
         self.heads = cfg.num_attention_heads
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
-        self.layers = model.model.layers
+        self.layers = self.lm.model.layers
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.mask = torch.zeros(0)
@@ -132,7 +141,7 @@ class KVDecoder:
         forward (its own norms, rotary embedding and weights), without its per-call machinery."""
         if self.cols >= self.capacity:
             raise RuntimeError(f"{type(self).__name__}: cache full at {self.cols} tokens")
-        inner = self.model.model
+        inner = self.lm.model
         h = inner.embed_tokens(tok)[:, None]  # (rows, 1, hidden)
         cos, sin = inner.rotary_emb(h, pos[:, None])
         rows = len(tok)
@@ -147,7 +156,7 @@ class KVDecoder:
             h = h + att.o_proj(o.transpose(1, 2).reshape(rows, 1, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         self.cols += 1
-        return self.model.lm_head(inner.norm(h))[:, -1].float()
+        return self.lm.lm_head(inner.norm(h))[:, -1].float()
 
     def _attend(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         """Layer i: write this token's key and value into column `cols`, attend over the filled columns."""

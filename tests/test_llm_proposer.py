@@ -595,3 +595,34 @@ def test_a_small_model_chooses_from_the_catalog_s_menu_and_a_bad_choice_falls_ba
         assert [x.source for x in bad] == ["heuristic"] and "nothing usable" in bad[0].note
     finally:
         fake.close()
+
+
+def test_a_prose_reply_that_quotes_options_whole_chooses_them_and_its_inventions_are_not_read(llm_run, tmp_path):
+    """SmolLM2-135M behind a server that ignores response_format answers the menu in prose, copying some
+    options whole and inventing others: the copied ones are chosen in the order quoted (a repair the
+    transcript names), an invented knob move and an option's prefix are not."""
+    cfg, _, _, run_dir = llm_run
+    brief = _brief(cfg, run_dir, limit=2)
+    probe = FakeLLM(['{"choose": [1]}'])
+    try:
+        _proposer(cfg, probe, tmp_path / "probe", context_tokens=8192).propose(brief)
+        options = json.loads((tmp_path / "probe" / "llm" / "007-1.json").read_text())["options"]
+    finally:
+        probe.close()
+    assert len(options) >= 3
+    prose = (
+        "The most promising interventions are:\n"
+        f"1. {options[2]} (it should help)\n"
+        "2. set_knob loss.epsilon_high: 1.0 -> 3e-05 (for explore)\n"
+        f"3. {options[0]}7 (a longer value than the option's)\n"
+        f"4. {options[1]}"
+    )
+    fake = FakeLLM([prose])
+    try:
+        out = _proposer(cfg, fake, tmp_path, context_tokens=8192).propose(brief).proposals
+        t = json.loads((tmp_path / "llm" / "007-1.json").read_text())
+        assert t["options"] == options and t["error"] is None
+        assert any("quoted whole" in r for r in t["repairs"])
+        assert [(x.source, x.intervention.describe()) for x in out] == [("llm", options[2]), ("llm", options[1])]
+    finally:
+        fake.close()

@@ -97,9 +97,11 @@ class LLMProposer:
             self._write(brief.round, 1, {**record, "error": str(e)})
             return [], []
         obj, repairs, error = parse_reply(reply.text, reply.finish_reason, keys=("choose",))
-        if obj is None and (obj := salvage(reply.text)) is not None:
-            repairs.append(f"option numbers read from a reply that is not valid JSON ({error})")
-            error = None
+        if obj is None:
+            obj, how = salvage(reply.text, menu)
+            if obj is not None:
+                repairs.append(f"{how} ({error})")
+                error = None
         picks, item_errors = chosen(obj, menu)
         note = f"llm {self.client.model}, round {brief.round}, chosen from the catalog's menu"
         new = [Proposal(iv, "llm", None, f"{note}: {why}" if why else note) for iv, why in picks]

@@ -86,11 +86,24 @@ def chosen(obj: dict[str, Any] | None, menu: Menu) -> tuple[list[tuple[Intervent
 OPTION_RE = re.compile(r'"?option"?\s*[:=]\s*"?(\d+)')
 
 
-def salvage(text: str) -> dict[str, Any] | None:
-    """The option numbers a reply that is not valid JSON names after `"option":` (a small model's JSON often
-    breaks after its first choice), as a reply object; None when it names none."""
+def salvage(text: str, menu: Menu) -> tuple[dict[str, Any] | None, str]:
+    """What a reply that is not valid JSON chose, as a reply object with how it was read; None when nothing.
+    The option numbers it names after `"option":` (a small model's JSON often breaks after its first choice);
+    else the options whose text it quotes whole, in the order it quotes them (SmolLM2-135M, asked for JSON,
+    answers "The most promising interventions are: 1. set_knob optimizer.learning_rate: 1e-05 -> 3e-05 ...",
+    copying some options and inventing others: the copied ones are the menu's, the rest is not read)."""
     found = [int(n) for n in OPTION_RE.findall(text or "")]
-    return {"choose": list(dict.fromkeys(found))} if found else None
+    if found:
+        return {"choose": list(dict.fromkeys(found))}, "option numbers read from a reply that is not valid JSON"
+    at = {}
+    for n, iv in enumerate(menu.options, start=1):
+        # A whole option: not the prefix of a longer value ("-> 3e-05" inside "-> 3e-055").
+        m = re.search(re.escape(iv.describe()) + r"(?!\w|\.\d)", text or "")
+        if m:
+            at[n] = m.start()
+    if not at:
+        return None, ""
+    return {"choose": sorted(at, key=at.get)}, "options quoted whole in a reply that is not JSON"
 
 
 def menu_schema(n_options: int, limit: int) -> dict[str, Any]:

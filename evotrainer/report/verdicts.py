@@ -91,6 +91,11 @@ def noise_effects(pairs: list[Any]) -> list[Effect]:
     return out
 
 
+def clip(s: str, n: int) -> str:
+    """s cut to n characters, an ellipsis saying so (the row's tooltip has the whole)."""
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
 LABEL, PLOT, RIGHT, ROW = 300, 520, 280, 19
 
 
@@ -120,9 +125,9 @@ def forest(effects: list[Effect], noise: list[Effect]) -> str:
         if i == len(noise) and noise:
             out.append(line(4, y - ROW / 2, LABEL + PLOT + RIGHT, y - ROW / 2, "#ccc", 1, stroke_dasharray="4,3"))
         out.append(
-            f'<a href="#round-{e.round}">' + text(LABEL, y + 3.5, e.label[:52], 10, "end", fill="#222") + "</a>"
+            f'<a href="#round-{e.round}">' + text(LABEL, y + 3.5, clip(e.label, 52), 10, "end", fill="#222") + "</a>"
         )
-        out.append(text(LABEL + PLOT + 4, y + 3.5, e.outcome[:48], 10, fill=e.colour))
+        out.append(text(LABEL + PLOT + 4, y + 3.5, clip(e.outcome, 50), 10, fill=e.colour))
         body = [f"<title>{esc(e.tip)}</title>"]
         if e.half is not None:
             body.append(

@@ -231,6 +231,8 @@ def test_a_finalist_is_confirmed_beside_a_control_replicate_and_promoted(tmp_pat
     roles = {a.role: a for a in tried.arms}
     assert set(roles) == {"control", "candidate", "replicate", "control_replicate"}
     assert len({a.branch for a in tried.arms}) == 4
+    # The segment was clean, and still the control read the policy the arms fork from (every round).
+    assert "0" in roles["control"].checkpoint_outcomes and "0" not in roles["candidate"].checkpoint_outcomes
     # The replicate trains the candidate's harness again, the control replicate the control's.
     assert roles["replicate"].harness_version == roles["candidate"].harness_version != head.harness.version
     assert roles["control_replicate"].harness_version == head.harness.version

@@ -10,6 +10,7 @@ import pytest
 from rich.console import Console
 
 from conftest import small_config
+from evotrainer.backtest.statistics import Pair
 from evotrainer.backtest.trial import ArmSpec, run_arm
 from evotrainer.diagnostics.suite import Suite
 from evotrainer.harness.harness import Harness
@@ -191,6 +192,7 @@ def test_a_finalist_is_confirmed_beside_a_control_replicate_and_promoted(tmp_pat
     from evotrainer.stages import decide, start
     from evotrainer.stages import race as race_stage
     from evotrainer.stages.context import run_stage
+    from evotrainer.stages.noise import with_pairs
     from evotrainer.stages.results import GateResult, StartResult, Survivor, TrialResult
 
     cfg = small_config(
@@ -208,6 +210,10 @@ def test_a_finalist_is_confirmed_beside_a_control_replicate_and_promoted(tmp_pat
     )
     ctx = start.open_run(cfg, resume=False)
     head = run_stage(ctx, 0, "start", StartResult, lambda: start.start(ctx, lambda *_: None)).head
+    # A wrecked control and its replicate agree on every task (both solve none): a pair that measures nothing
+    # (statistics.noise_of). The noise this mechanism runs under is planted: one earlier A-A pair, 3-2.
+    planted = with_pairs(head.noise, head.harness.version, 0, [(Pair(3, 2, 50), "earlier-aa", "earlier-ctl")])
+    head = head.model_copy(update={"noise": planted})
     seg = ArmResult(
         branch="base",
         role="segment",
@@ -246,7 +252,7 @@ def test_a_finalist_is_confirmed_beside_a_control_replicate_and_promoted(tmp_pat
     assert s["test"] == "two_stage" and s["delta"] == s["stage2"]["delta"] == line.delta > 0
     assert s["delta"] == pytest.approx(roles["replicate"].accuracy - roles["control_replicate"].accuracy)
     assert s["selected_delta"] == pytest.approx(roles["candidate"].accuracy - roles["control"].accuracy)
-    # The control replicate is the noise model's A-A pair (a wrecked control solves nothing on either seed:
-    # nil seed noise measured, phi at its floor).
+    # The planted pair is the noise model's only informative one (the wrecked control's replicate measured
+    # nothing: no pair), phi at its floor.
     assert v["noise"]["valid"] and v["noise"]["pairs_used"] == 1 and v["noise"]["phi"] == 1.0
     ctx.ledger.close()

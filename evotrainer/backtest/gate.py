@@ -243,11 +243,12 @@ def aa_pair_valid(control_findings: list[Finding], aa_findings: list[Finding]) -
 
 def finalist_noise(mainline: Noise, own: Noise | None) -> tuple[Noise, str]:
     """The noise model the finalist is tested under, and whose harness measured it: the mainline's A-A
-    pairs when it has any. When it has none because its control carries an exploit (such a control's
-    replicate is no A-A measurement: aa_pair_valid), a remedy for the exploit could never be promoted, so
-    the finalist's own harness stands in, measured by its two runs on different seeds (the race's and the
-    confirmation's; neither may carry an exploit). The race picked the luckier of its seeds, which can only
-    widen that pair's spread: the test it feeds is, if anything, stricter."""
+    pairs when it has any informative one. When it has none (its control carries an exploit, so its
+    replicate is no A-A measurement: aa_pair_valid; or its two runs agreed on every gate task, which
+    measures nothing), the fix could never be promoted, so the finalist's own harness stands in, measured
+    by its two runs on different seeds (the race's and the confirmation's; neither may carry an exploit).
+    The race picked the luckier of its seeds, which can only widen that pair's spread: the test it feeds
+    is, if anything, stricter."""
     if mainline.valid or own is None or not own.valid:
         return mainline, "mainline"
     return own, "candidate"

@@ -74,9 +74,7 @@ def gate_stage(
         if start is None or not exploits[0]
         else control.model_copy(update={"outcomes": start, "last_step": control.first_step - 1})
     )
-    noise, measured, mainline, model, own_line = _noise_models(
-        rnd, head, tried, survivors, evidence, start is not None
-    )
+    noise, measured, mainline, model, own_line = _noise_models(rnd, head, tried, survivors, evidence)
     raced = [a for a in tried.arms if a.role == "candidate"]
     singles = gate.single_stage([Pair.of(c.outcomes, against.outcomes) for c in raced], model, cfg.gate.level)
     trials, verdicts, lines = [], [], []
@@ -136,12 +134,12 @@ def _verdict(
 
 
 def _noise_models(
-    rnd: int, head: Mainline, tried: TrialResult, survivors: list[Survivor], evidence, own_allowed: bool
+    rnd: int, head: Mainline, tried: TrialResult, survivors: list[Survivor], evidence
 ) -> tuple[NoiseBank, bool, Noise, Noise, NoiseLine | None]:
     """The noise bank with this round's valid A-A pairs (the control against its replicate or an A-A arm),
-    whether there were any, the mainline harness's noise model, the finalist's (gate.finalist_noise), and
-    when the finalist's came from its own runs (`own_allowed`: it is tested against the round's starting
-    policy), the verdict's noise line for it (that pair joins the bank under its harness)."""
+    whether any of them measured something (a discordant task), the mainline harness's noise model, the
+    finalist's (gate.finalist_noise), and when the finalist's came from its own runs, the verdict's noise line
+    for it (that pair joins the bank under its harness)."""
     control = tried.arm(branch_id(rnd, "control"))
     pairs = []
     for role in ("control_replicate", "aa"):
@@ -150,11 +148,11 @@ def _noise_models(
             pairs.append((Pair.of(other.outcomes, control.outcomes), other.branch, control.branch))
     noise = with_pairs(head.noise, head.harness.version, rnd, pairs)
     mainline = noise.noise()
-    own = _finalist_pair(rnd, tried, evidence) if own_allowed else None
+    own = _finalist_pair(rnd, tried, evidence)
     version = survivors[tried.finalist - 1].proposal.intervention.apply(head.harness).version if own else ""
     model, measured_on = gate.finalist_noise(mainline, bank_noise(noise, version, [own[0]]) if own else None)
     if measured_on != "candidate":
-        return noise, bool(pairs), mainline, model, None
+        return noise, any(p.discordant for p, *_ in pairs), mainline, model, None
     noise = noise.model_copy(update={"pairs": noise.pairs + [BankedPair.of(own[0], version, rnd, *own[1:])]})
     line = NoiseLine(
         harness=version,
@@ -162,10 +160,10 @@ def _noise_models(
         pairs_used=model.pairs,
         dof=model.dof,
         valid=True,
-        measured_on="the candidate's harness: its race and confirmation runs (the control's replicate carries the "
-        "exploit)",
+        measured_on="the candidate's harness: its race and confirmation runs (the mainline's pairs measured "
+        "nothing: a control run carries an exploit, or the runs agreed on every gate task)",
     )
-    return noise, bool(pairs), mainline, model, line
+    return noise, any(p.discordant for p, *_ in pairs), mainline, model, line
 
 
 def _trial_record(

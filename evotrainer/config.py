@@ -285,14 +285,13 @@ class LoopSection(Section):
 class GateSection(Section):
     """The promotion gate. Evaluator-owned like `eval`: no intervention can touch it."""
 
-    statistic: Literal["two_stage", "sign", "bootstrap"] = "two_stage"
+    statistic: Literal["two_stage", "sign"] = "two_stage"
     """`two_stage`: the race's best candidate is confirmed on fresh seeds (with a control replicate,
     which is also an A-A measurement) and the two stages' evidence is combined, the race's adjusted for
     the round's K candidates; `sign`: one stage, each candidate's test Holm-corrected across the round
     (needs A-A arms: aa_control promotion or round). Both test wins over losses on the gate tasks with
-    the run's measured seed-to-seed overdispersion, never below the exact sign test. `bootstrap`:
-    accepted from older configs and run as `sign` (a percentile bootstrap is permissive when few tasks
-    disagree)."""
+    the run's measured seed-to-seed overdispersion, never below the exact sign test. `bootstrap` is refused
+    (a percentile bootstrap is permissive when few tasks disagree): the error says what to use."""
     level: float = Field(0.95, gt=0.5, lt=1.0)
     """1 - the chance per round of promoting a candidate that is no better than the control."""
     resamples: int = Field(2000, ge=100)
@@ -304,6 +303,16 @@ class GateSection(Section):
     final_fraction: float = Field(0.5, gt=0.0, lt=1.0)
     """Share of the held-out tasks kept out of every gate decision and read only at the start and at
     the end, so the final accuracy is not inflated by selection on the same tasks."""
+
+    @field_validator("statistic", mode="before")
+    @classmethod
+    def _no_bootstrap(cls, v: Any) -> Any:
+        if v == "bootstrap":
+            raise ValueError(
+                "'bootstrap' is no gate test any more (a percentile bootstrap promotes where few tasks disagree); "
+                "use two_stage (the default: a race, then a confirmation on fresh seeds)"
+            )
+        return v
 
     @model_validator(mode="after")
     def _check(self) -> GateSection:
@@ -379,15 +388,11 @@ class RunConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _legacy(cls, raw: Any) -> Any:
-        """Configs written by earlier versions: an undivided env section; the gate's old statistic."""
+        """Configs written by earlier versions: an undivided env section."""
         if not isinstance(raw, dict):
             return raw
         if isinstance(raw.get("env"), dict):
             raw = {**raw, "env": _drop_other_domains_defaults(raw["env"])}
-        gate = raw.get("gate")
-        if isinstance(gate, dict) and gate.get("statistic") == "bootstrap":
-            # An older run's one-stage test, as it started, with its A-A arms.
-            raw = {**raw, "gate": {**gate, "statistic": "sign", "aa_control": gate.get("aa_control", "promotion")}}
         return raw
 
 

@@ -25,6 +25,7 @@ def run_cli(*args):
         ("train:\n  stepz: 3\n", ["train.stepz", "unknown field"]),
         ("env:\n  domain: chess\n", ["env.domain", "'chess'", "math", "digits"]),
         ("- just\n- a list\n", ["top level must be a mapping"]),
+        ("gate:\n  statistic: bootstrap\n", ["gate.statistic", "bootstrap", "use two_stage"]),
     ],
 )
 def test_bad_field_is_named(tmp_path, yaml_text, needles):

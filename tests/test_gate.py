@@ -1,11 +1,14 @@
-"""The gate on a planted invalid branch (training reward up through a grader loophole), trained for real
-against its control and rejected with the reason on record. The statistics are in test_statistics.py,
-the invalid-branch rules in test_gate_rules.py."""
+"""The gate's validity rules on a planted invalid branch (training reward up through a grader loophole),
+trained for real against its control, and the gate's two-stage test near its decision boundary. The
+statistics are in test_statistics.py, the invalid-branch rules in test_gate_rules.py."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from conftest import SEED, small_config
 from evotrainer.backtest import gate
+from evotrainer.backtest.statistics import Pair, noise_of
 from evotrainer.backtest.trial import ArmSpec, run_arm
 from evotrainer.diagnostics.suite import Suite
 from evotrainer.harness.interventions import Hypothesis, Intervention
@@ -20,11 +23,12 @@ from evotrainer.training.grpo import GRPOTrainer
 STEPS = 80
 
 
-def test_planted_loophole_branch_is_rejected_by_the_gate(tmp_path, math_setup):
+def test_planted_loophole_branch_fails_the_gates_validity_rules(tmp_path, math_setup):
     """The harness pays the strict `correct` term and, a little, the lenient `contains_answer` grader.
     The planted candidate drops `correct`, leaving the loophole alone (#3's exploit): packing several
     guesses into the answer pays, its training reward rises, the strict audit does not follow.
-    Whatever its held-out score, the gate must reject it and say why."""
+    The gate's validity rules must name a reason against it (any reason rejects, whatever the held-out
+    score: decide._verdict), and its findings must cite the candidate's own rollouts."""
     cfg = small_config(
         tmp_path,
         harness={
@@ -91,3 +95,42 @@ def test_planted_loophole_branch_is_rejected_by_the_gate(tmp_path, math_setup):
     cited = {i for f in ev_c.findings if f.validity for i in f.evidence}
     hack_ids = {r["id"] for r in store.sql("SELECT id FROM rollouts WHERE branch = 'hack' AND split = 'train'")}
     assert cited <= hack_ids
+
+
+def _runs(rng: np.random.Generator, effect: float, n: int = 250) -> list[dict[str, bool]]:
+    """One simulated round's four runs on n gate tasks: control, control replicate, candidate, its replicate.
+    Every run starts from one policy's outcomes and flips each task with probability 0.15 (seed noise); the
+    candidate's runs also pass each task with probability `effect` more (a planted real gain)."""
+    base = rng.random(n) < rng.beta(2, 2, n)
+
+    def run(gain: float) -> dict[str, bool]:
+        out = (base ^ (rng.random(n) < 0.15)) | (rng.random(n) < gain)
+        return {f"t{i:03d}": bool(o) for i, o in enumerate(out)}
+
+    return [run(0.0), run(0.0), run(effect), run(effect)]
+
+
+def _promotions(effect: float, rounds: int, seed: int) -> float:
+    rng = np.random.default_rng(seed)  # PCG64: the same draws on every machine
+    promoted = 0
+    for _ in range(rounds):
+        ctl, ctl2, cand, cand2 = _runs(rng, effect)
+        noise = noise_of([Pair.of(ctl2, ctl)], gate.BASE_DOF)
+        _, reasons = gate.two_stage(Pair.of(cand, ctl), Pair.of(cand2, ctl2), 1, noise, 0.95)
+        promoted += not reasons
+    return promoted / rounds
+
+
+def test_the_two_stage_test_near_its_boundary():
+    """The gate's own test on rounds near its decision boundary (K = 1, one A-A pair, 250 gate tasks):
+    a null candidate is promoted at most at the nominal rate, and a small real gain (a failed task passes
+    with chance 0.15 more: a delta of about +0.07) most of the time. The rates are aggregated over 200
+    rounds, so the assertions have margin: the null's rate is 0.01 and the gain's 0.89 here (at +0.06 it
+    was 0.28, at +0.12 0.74: this is where the boundary lies)."""
+    null, gain = _promotions(0.0, 200, 0), _promotions(0.15, 200, 1)
+    assert null <= 0.05, null
+    assert gain >= 0.7, gain
+    # One round at the boundary, by hand: the same pairs with the effect and without.
+    noise = noise_of([Pair(6, 4, 250)], gate.BASE_DOF)
+    assert gate.two_stage(Pair(22, 8, 250), Pair(20, 8, 250), 1, noise, 0.95)[1] == []
+    assert gate.two_stage(Pair(15, 15, 250), Pair(14, 14, 250), 1, noise, 0.95)[1] == ["no_supported_gain"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from evotrainer.backtest import gate
 from evotrainer.backtest.statistics import Pair, noise_of
 from evotrainer.diagnostics.detector import Finding
+from evotrainer.stages.results import Rollback
 from evotrainer.types import branch_id, trial_id
 
 
@@ -116,3 +117,42 @@ def test_beside_an_exploiting_control_a_remedy_must_beat_where_the_round_started
     ctl = outcomes(set(range(64)))  # 0.53
     stat, reasons = gate.confirmed(regrade, (ctl, ctl), code_start, 1, own, 0.95)
     assert reasons == [] and stat.against.startswith("the round's starting policy")
+
+
+def test_an_exploit_appearing_in_a_control_run_mid_trial_is_not_the_comparator():
+    """The segment was clean, so the arms forked from its end; the exploit appeared during the trial, in the
+    control replicate only. The confirmation is then compared with the policy the arms forked from (read every
+    round), not with the exploiting run; the race's clean control stays the race's comparator."""
+    start = outcomes(set(range(60)))  # 0.50, where the arms forked from
+    control = outcomes(set(range(58)))  # clean, about where it started
+    exploiting = outcomes(set())  # the replicate trained the exploit: 0.00 on the gate tasks
+    cand = (outcomes(set(range(59))), outcomes(set(range(57))))  # no better than the start
+    base, against_start = gate.comparators((control, exploiting), (False, True), start)
+    assert base == (control, start) and against_start
+    assert gate.comparators((control, exploiting), (False, False), start) == ((control, exploiting), False)
+    assert gate.comparators((control, exploiting), (False, True), None) == ((control, exploiting), False)
+    own = noise_of([Pair(8, 3, 120)], gate.BASE_DOF)
+    # Against the exploiting replicate the confirmation wins 57-0 and the finalist would be promoted.
+    _, reasons = gate.confirmed(cand, (control, exploiting), None, 1, own, 0.95)
+    assert reasons == []
+    stat, reasons = gate.confirmed(cand, (control, exploiting), start, 1, own, 0.95, exploits=(False, True))
+    assert "no_supported_gain" in reasons and stat.stage2.delta < 0 and stat.stage1.delta > 0
+    assert stat.start_accuracy == 0.5 and stat.against
+
+
+def test_a_head_significantly_below_the_rounds_start_rolls_back():
+    """The regression guard (math seed 3's claims cell fell 0.123 -> 0.063 and stayed down): a head that lost
+    tasks the start solved, well past the run's noise, is a regression with its statistic; a head within the
+    noise of the start, or a run without a start read, is not. promote() rolls back on it (stages/decide.py),
+    and the Rollback record carries the statistic, written only when there is one."""
+    noise = noise_of([Pair(6, 4, 120)], gate.BASE_DOF)
+    start = outcomes(set(range(30)))  # 0.25
+    fell = outcomes(set(range(12)))  # 0.10: 18 tasks lost, none won
+    reg = gate.regression(fell, start, noise, 0.95)
+    assert reg is not None and reg.losses == 18 and reg.wins == 0 and reg.p < 0.01 and reg.delta < 0
+    assert (reg.head_accuracy, reg.start_accuracy) == (12 / 120, 30 / 120)
+    assert gate.regression(outcomes(set(range(2, 31))), start, noise, 0.95) is None  # 1 won, 2 lost: noise
+    assert gate.regression(fell, None, noise, 0.95) is None
+    back = Rollback(branch="r01-ctl", reasons=["regression"], rolled_back_to="r00-base", regression=reg)
+    assert Rollback.model_validate_json(back.model_dump_json()).regression == reg
+    assert "regression" not in Rollback(branch="b", reasons=["validity:x"], rolled_back_to="a").model_dump()

@@ -10,6 +10,7 @@ import pytest
 from rich.console import Console
 
 from conftest import small_config
+from evotrainer.backtest.statistics import Pair
 from evotrainer.backtest.trial import ArmSpec, run_arm
 from evotrainer.diagnostics.suite import Suite
 from evotrainer.harness.harness import Harness
@@ -180,15 +181,18 @@ def test_a_rollback_trains_the_next_round_on_other_seeds():
 
 def test_a_finalist_is_confirmed_beside_a_control_replicate_and_promoted(tmp_path, math_setup):
     """The whole trial and gate, through the loop's own stages: a control whose learning rate wrecks the
-    policy (1.0) against a candidate that trains sanely (3e-3). The candidate wins the race by a wide
-    margin, is trained again on fresh seeds beside a control replicate (which is the A-A pair the noise
-    model needs), and the two-stage test promotes it with the confirmation's effect on record."""
+    policy (1.0) against a candidate that barely moves it (1e-5), so the candidate keeps what the base
+    solves on any CPU's numerics while the control solves nothing: it wins the race by every task the base
+    solves (a learning rate that trains, 3e-3, won by a margin the kernel set decided), is trained again on
+    fresh seeds beside a control replicate (which is the A-A pair the noise model needs), and the two-stage
+    test promotes it with the confirmation's effect on record."""
     from evotrainer.backtest.trial import ArmResult
     from evotrainer.harness.interventions import Hypothesis, Intervention
     from evotrainer.proposers.proposer import Proposal
     from evotrainer.stages import decide, start
     from evotrainer.stages import race as race_stage
     from evotrainer.stages.context import run_stage
+    from evotrainer.stages.noise import with_pairs
     from evotrainer.stages.results import GateResult, StartResult, Survivor, TrialResult
 
     cfg = small_config(
@@ -206,6 +210,10 @@ def test_a_finalist_is_confirmed_beside_a_control_replicate_and_promoted(tmp_pat
     )
     ctx = start.open_run(cfg, resume=False)
     head = run_stage(ctx, 0, "start", StartResult, lambda: start.start(ctx, lambda *_: None)).head
+    # A wrecked control and its replicate agree on every task (both solve none): a pair that measures nothing
+    # (statistics.noise_of). The noise this mechanism runs under is planted: one earlier A-A pair, 3-2.
+    planted = with_pairs(head.noise, head.harness.version, 0, [(Pair(3, 2, 50), "earlier-aa", "earlier-ctl")])
+    head = head.model_copy(update={"noise": planted})
     seg = ArmResult(
         branch="base",
         role="segment",
@@ -220,7 +228,7 @@ def test_a_finalist_is_confirmed_beside_a_control_replicate_and_promoted(tmp_pat
     sane = Intervention(
         kind="set_knob",
         target="optimizer.learning_rate",
-        value=3e-3,
+        value=1e-5,
         hypothesis=Hypothesis(finding="explore", signal="heldout/accuracy", direction="up"),
     )
     survivors = [Survivor(Proposal(sane.bind(head.harness), "explore"), None)]
@@ -229,6 +237,8 @@ def test_a_finalist_is_confirmed_beside_a_control_replicate_and_promoted(tmp_pat
     roles = {a.role: a for a in tried.arms}
     assert set(roles) == {"control", "candidate", "replicate", "control_replicate"}
     assert len({a.branch for a in tried.arms}) == 4
+    # The segment was clean, and still the control read the policy the arms fork from (every round).
+    assert "0" in roles["control"].checkpoint_outcomes and "0" not in roles["candidate"].checkpoint_outcomes
     # The replicate trains the candidate's harness again, the control replicate the control's.
     assert roles["replicate"].harness_version == roles["candidate"].harness_version != head.harness.version
     assert roles["control_replicate"].harness_version == head.harness.version
@@ -242,7 +252,7 @@ def test_a_finalist_is_confirmed_beside_a_control_replicate_and_promoted(tmp_pat
     assert s["test"] == "two_stage" and s["delta"] == s["stage2"]["delta"] == line.delta > 0
     assert s["delta"] == pytest.approx(roles["replicate"].accuracy - roles["control_replicate"].accuracy)
     assert s["selected_delta"] == pytest.approx(roles["candidate"].accuracy - roles["control"].accuracy)
-    # The control replicate is the noise model's A-A pair (a wrecked control solves nothing on either seed:
-    # nil seed noise measured, phi at its floor).
+    # The planted pair is the noise model's only informative one (the wrecked control's replicate measured
+    # nothing: no pair), phi at its floor.
     assert v["noise"]["valid"] and v["noise"]["pairs_used"] == 1 and v["noise"]["phi"] == 1.0
     ctx.ledger.close()

@@ -48,10 +48,9 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
 
 def _signal_when(proc: subprocess.Popen, ready, sig: int) -> str:
     """Send `sig` once `ready()`; the run's stderr after it exits."""
-    t0 = time.monotonic()
+    # No clock: a run that passes the moment without reaching it ends, and that is the failure.
     while not ready():
         assert proc.poll() is None, f"the run ended before the signal's moment: {proc.stderr.read()[-2000:]}"
-        assert time.monotonic() - t0 < 300, "the signal's moment never came"
         time.sleep(0.05)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=300)

@@ -55,9 +55,9 @@ def test_the_noise_model_floors_at_the_binomial_and_widens_with_overdispersion_m
     # ... and the same candidate's p with it.
     win = Pair(30, 14, 250)
     assert p_value(win, wild) > p_value(win, calm) >= sign_p(30, 14)
-    # A pair with nothing discordant measured nil seed noise: valid, phi at its floor, no degree of freedom.
-    assert noise_of([Pair(0, 0, 250)], 10.0) == Noise(1.0, 1, 10.0)
-    assert noise_of([Pair(0, 0, 250), *wild_pairs], 10.0).phi == wild.phi
+    # A pair with nothing discordant carries no information on phi: no pair, no validity, no degree of freedom.
+    assert noise_of([Pair(0, 0, 250)], 10.0) == Noise(1.0, 0, 10.0) and not noise_of([Pair(0, 0, 250)], 10.0).valid
+    assert noise_of([Pair(0, 0, 250), *wild_pairs], 10.0) == wild
 
 
 def test_the_combination_needs_both_stages_and_is_monotone():

@@ -11,7 +11,15 @@ import numpy as np
 
 from evotrainer.backtest.replay import load_columns
 from evotrainer.backtest.statistics import Noise, Pair, combine, p_value, sign_p
-from evotrainer.backtest.verdict import ConfirmStage, RaceStage, SignHolm, TwoStage, Validity, pair_figures
+from evotrainer.backtest.verdict import (
+    ConfirmStage,
+    RaceStage,
+    Regression,
+    SignHolm,
+    TwoStage,
+    Validity,
+    pair_figures,
+)
 from evotrainer.diagnostics.detector import Finding
 from evotrainer.diagnostics.suite import Suite
 from evotrainer.harness.harness import Harness
@@ -121,6 +129,19 @@ def two_stage(stage1: Pair, stage2: Pair, k: int, noise: Noise, level: float) ->
 Outcomes = dict[str, bool]
 
 
+def comparators(
+    control: tuple[Outcomes, Outcomes], exploits: tuple[bool, bool], start: Outcomes | None
+) -> tuple[tuple[Outcomes, Outcomes], bool]:
+    """What each stage's run is compared with: its control run (the race's control, the confirmation's
+    control replicate), or `start`, the policy the arms forked from (read on the gate tasks every round),
+    where that control run carries an exploit: whichever of the two, however late in the trial it appeared.
+    Beating an exploit is no evidence of being any good. Returns the comparators and whether either is the
+    start. Without a start read (a run from before it was read every round) the controls stand."""
+    if start is None or not any(exploits):
+        return control, False
+    return (start if exploits[0] else control[0], start if exploits[1] else control[1]), True
+
+
 def confirmed(
     cand: tuple[Outcomes, Outcomes],
     control: tuple[Outcomes, Outcomes],
@@ -128,18 +149,18 @@ def confirmed(
     k: int,
     noise: Noise,
     level: float,
+    exploits: tuple[bool, bool] = (True, True),
 ) -> tuple[TwoStage, list[str]]:
     """The finalist's two-stage test, its race run and its confirmation run against the alternative to
-    promoting it: the control and the control's replicate; or, when the control carries an exploit,
-    `start`, the policy the round started from (where the mainline rolls back to without a promotion):
-    beating an exploit is no evidence of being any good, and a remedy that trains the policy below where
-    it started is no remedy."""
-    base = (start, start) if start is not None else control
+    promoting it: the control and the control's replicate; or, where one of them carries an exploit
+    (`exploits`, by stage), `start`, the policy the round's arms forked from (gate.comparators): a remedy
+    that trains the policy below where it started is no remedy."""
+    base, against_start = comparators(control, exploits, start)
     stat, reasons = two_stage(Pair.of(cand[0], base[0]), Pair.of(cand[1], base[1]), k, noise, level)
-    if start is not None:
+    if against_start:
         stat = stat.model_copy(
             update={
-                "against": "the round's starting policy: the control carries an exploit",
+                "against": "the round's starting policy: a control run carries an exploit",
                 "start_accuracy": sum(start.values()) / max(1, len(start)),
             }
         )
@@ -222,11 +243,12 @@ def aa_pair_valid(control_findings: list[Finding], aa_findings: list[Finding]) -
 
 def finalist_noise(mainline: Noise, own: Noise | None) -> tuple[Noise, str]:
     """The noise model the finalist is tested under, and whose harness measured it: the mainline's A-A
-    pairs when it has any. When it has none because its control carries an exploit (such a control's
-    replicate is no A-A measurement: aa_pair_valid), a remedy for the exploit could never be promoted, so
-    the finalist's own harness stands in, measured by its two runs on different seeds (the race's and the
-    confirmation's; neither may carry an exploit). The race picked the luckier of its seeds, which can only
-    widen that pair's spread: the test it feeds is, if anything, stricter."""
+    pairs when it has any informative one. When it has none (its control carries an exploit, so its
+    replicate is no A-A measurement: aa_pair_valid; or its two runs agreed on every gate task, which
+    measures nothing), the fix could never be promoted, so the finalist's own harness stands in, measured
+    by its two runs on different seeds (the race's and the confirmation's; neither may carry an exploit).
+    The race picked the luckier of its seeds, which can only widen that pair's spread: the test it feeds
+    is, if anything, stricter."""
     if mainline.valid or own is None or not own.valid:
         return mainline, "mainline"
     return own, "candidate"
@@ -243,6 +265,28 @@ def rolls_back(promoted: bool, control_invalid: list[str]) -> bool:
     """Nothing valid won and the control carries an exploit: the mainline goes back to where the round
     started (the segment and control stay in the ledger and the store as evidence)."""
     return not promoted and bool(control_invalid)
+
+
+def regression(head: Outcomes, start: Outcomes | None, noise: Noise, level: float) -> Regression | None:
+    """The regression guard: the round's new head (the winner or the control) significantly below the policy the
+    round's arms forked from on the gate tasks, paired, under the run's noise model (never below the exact sign
+    test's p) at the gate's level; None when it is not (or there is no start read). Such a head is rolled back:
+    a mainline that fell and stays down is what the claims cells showed without it."""
+    if start is None:
+        return None
+    p = p_value(Pair.of(start, head), noise)
+    if p > 1 - level:
+        return None
+    pair = Pair.of(head, start)
+    n = max(1, pair.n)
+    return Regression(
+        **pair_figures(pair),
+        p=p,
+        phi=noise.phi,
+        level=level,
+        head_accuracy=sum(head.get(t, False) for t in start) / n,
+        start_accuracy=sum(start.values()) / n,
+    )
 
 
 # A candidate past the first checkpoint stops only when it is behind with this one-sided sign-test p: a

@@ -83,6 +83,22 @@ def rescore(h: Harness, c: Columns) -> Scored:
     return Scored(total, np.where(keep, adv, 0.0), keep, std)
 
 
+# A rollout whose total is within this share of its rewards' scale of its group's mean is a tie: a mean of
+# float rewards (0.1 + 0.2 ...) lands a few ulps off a member's value, and which side of it a member falls
+# then depends on the order the CPU's kernels summed in, not on the harness.
+TIE = 1e-9
+
+
+def advantage_side(s: Scored, group: np.ndarray) -> np.ndarray:
+    """Each rollout's advantage sign (-1, 0, +1): its total's side of the group mean, a tie within TIE of the
+    rewards' scale counted as 0, and 0 where the harness leaves it out. Every estimator and scaling keeps this
+    sign (rloo's baseline is n / (n - 1) times the deviation), so it is the sign the update sees."""
+    mean = np.bincount(group, weights=s.total) / np.maximum(np.bincount(group), 1)
+    dev = s.total - mean[group]
+    scale = max(1.0, float(np.abs(s.total).max())) if len(s.total) else 1.0
+    return np.where((np.abs(dev) <= TIE * scale) | (s.adv == 0), 0.0, np.sign(dev))
+
+
 def auc(score: np.ndarray, label: np.ndarray) -> float:
     """Probability that a random audit-passing rollout outscores a failing one (ties count half):
     the Mann-Whitney U statistic from average ranks. NaN without both classes."""
@@ -145,7 +161,7 @@ def replay(
     t0 = time.perf_counter()
     new = intervention.apply(old)
     a, b = rescore(old, c), rescore(new, c)
-    sa, sb = np.sign(a.adv), np.sign(b.adv)
+    sa, sb = advantage_side(a, c.group), advantage_side(b, c.group)
     moved = (sa != 0) | (sb != 0)
     flip = float((sa[moved] != sb[moved]).mean()) if moved.any() else 0.0
     audited = ~np.isnan(c.audit)

@@ -92,14 +92,14 @@ def noise_of(pairs: list[Pair], prior_pairs: float) -> Noise:
     draws, not the evidence, were what kept the learning-rate fix from promotion in most rounds it
     missed. Pooling with a prior (the empirical-Bayes moderated variance of limma, Smyth 2004) makes
     the estimate and the t reference's degrees of freedom (prior plus measured pairs) agree about how
-    much is known; as pairs accumulate the measured phi dominates. A pair with no discordant task is a
-    measurement too: the two seeds agreed on every task (a harness that leaves the policy where it is,
-    under greedy decoding), so seed noise was measured and found nil. It makes the estimate valid but
-    carries no information on phi's scale (0/0), so it adds no degree of freedom. Without this, a run
-    whose control does not move the policy could never promote the fix for that."""
+    much is known; as pairs accumulate the measured phi dominates. A pair with no discordant task (two
+    seeds that agreed on every task: a harness that leaves the policy where it is, under greedy decoding)
+    carries no information on phi (0/0): it neither counts as a pair nor makes the estimate valid. A run
+    whose control does not move the policy then tests its finalist under the finalist's own two runs
+    (gate.finalist_noise)."""
     xs = [(p.wins - p.losses) ** 2 / p.discordant for p in pairs if p.discordant]
     phi = max(1.0, (prior_pairs + sum(xs)) / (prior_pairs + len(xs)))
-    return Noise(phi, len(pairs), prior_pairs + len(xs))
+    return Noise(phi, len(xs), prior_pairs + len(xs))
 
 
 def p_value(pair: Pair, noise: Noise) -> float:

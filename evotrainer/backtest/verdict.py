@@ -114,6 +114,18 @@ class RaceResult(Statistic, PairFigures):
     not_confirmed: str | None = None
 
 
+class Regression(PairFigures):
+    """The regression guard's statistic (gate.regression): the new head against the policy the round's arms forked
+    from on the gate tasks (wins: tasks the head passes and the start fails; delta head minus start), the one-sided
+    p of "the start is better" under the run's noise model, and both accuracies."""
+
+    p: float
+    phi: float
+    level: float
+    head_accuracy: float
+    start_accuracy: float
+
+
 class OlderTest(Statistic):
     """The one-stage tests of runs before the noise model (`paired_bootstrap`, `sign`), kept as they were stored."""
 

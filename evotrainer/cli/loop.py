@@ -165,6 +165,19 @@ def run_state(run: Path) -> RunState:
             f"pruning freed {human(disk.pruned_bytes)} (run.keep_checkpoints={cfg.run.keep_checkpoints})"
         )
         rows["skill library"] = ", ".join(ledger.skill_libraries()) or "-"
+        promotes = [
+            PromoteResult.model_validate_json(r["result"])
+            for r in ledger.rows("SELECT result FROM stages WHERE stage = 'promote' ORDER BY round")
+        ]
+        guarded = [p.rejected for p in promotes if p.rejected and p.rejected.regression]
+        rows["regression rollbacks"] = (
+            "; ".join(
+                f"{r.branch} {r.regression.head_accuracy:.3f} < start {r.regression.start_accuracy:.3f} "
+                f"(p {r.regression.p:.3g}) -> {r.rolled_back_to}"
+                for r in guarded
+            )
+            or "-"
+        )
         rows["verdicts"] = (
             f"{sum(v.decision == 'promote' for v in verdicts)} promoted, "
             f"{sum(v.decision == 'reject' for v in verdicts)} rejected"

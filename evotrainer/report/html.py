@@ -257,6 +257,13 @@ def _round(
             )
             + "</p>"
         )
+    rej = results[(rnd, "promote")].rejected if (rnd, "promote") in results else None
+    if rej is not None and (r := rej.regression) is not None:
+        parts.append(
+            f"<p class=reject>regression guard: {_e(rej.branch)} read {r.head_accuracy:.3f} on the gate tasks against "
+            f"{r.start_accuracy:.3f} where the round started ({r.wins} won, {r.losses} lost, p {r.p:.3g} under phi "
+            f"{r.phi:.2f}); the mainline rolled back to {_e(rej.rolled_back_to)}</p>"
+        )
     if (rem := results.get((rnd, "remember"))) and rem.skills:
         parts.append(
             "<p>skills: "

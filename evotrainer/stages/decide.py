@@ -64,24 +64,24 @@ def gate_stage(
 
     control = tried.arm(branch_id(rnd, "control"))
     ctrl_ev = evidence(control)
-    # The alternative to a promotion: the control, unless it carries an exploit (then the mainline rolls back
-    # to where the round started, which the control read before its first step when the segment was tainted).
-    start = control.checkpoint_outcomes.get("0") if gate.invalid_reasons(ctrl_ev.findings) else None
+    # The alternative to a promotion: the control, unless a control run (the control or its replicate) carries
+    # an exploit, however late in the trial it appeared; then the policy the arms forked from, which the control
+    # read before its first step (gate.comparators).
+    exploits = _exploits(rnd, tried, evidence)
+    start = control.checkpoint_outcomes.get("0") if any(exploits) else None
     against = (
         control
-        if start is None
+        if start is None or not exploits[0]
         else control.model_copy(update={"outcomes": start, "last_step": control.first_step - 1})
     )
-    noise, measured, mainline, model, own_line = _noise_models(
-        rnd, head, tried, survivors, evidence, start is not None
-    )
+    noise, measured, mainline, model, own_line = _noise_models(rnd, head, tried, survivors, evidence)
     raced = [a for a in tried.arms if a.role == "candidate"]
     singles = gate.single_stage([Pair.of(c.outcomes, against.outcomes) for c in raced], model, cfg.gate.level)
     trials, verdicts, lines = [], [], []
     for j, (survivor, cand) in enumerate(zip(survivors, raced, strict=False), 1):
         ev = evidence(cand)
         test_noise = model if j == tried.finalist else mainline
-        stat, reasons = _test(ctx, rnd, tried, j, cand, control, test_noise, singles[j - 1], evidence, start)
+        stat, reasons = _test(ctx, rnd, tried, j, cand, control, test_noise, singles[j - 1], evidence, start, exploits)
         validity, invalid = gate.validity_reasons(ev, ctrl_ev)
         stat = stat.model_copy(
             update={
@@ -134,12 +134,12 @@ def _verdict(
 
 
 def _noise_models(
-    rnd: int, head: Mainline, tried: TrialResult, survivors: list[Survivor], evidence, own_allowed: bool
+    rnd: int, head: Mainline, tried: TrialResult, survivors: list[Survivor], evidence
 ) -> tuple[NoiseBank, bool, Noise, Noise, NoiseLine | None]:
     """The noise bank with this round's valid A-A pairs (the control against its replicate or an A-A arm),
-    whether there were any, the mainline harness's noise model, the finalist's (gate.finalist_noise), and
-    when the finalist's came from its own runs (`own_allowed`: it is tested against the round's starting
-    policy), the verdict's noise line for it (that pair joins the bank under its harness)."""
+    whether any of them measured something (a discordant task), the mainline harness's noise model, the
+    finalist's (gate.finalist_noise), and when the finalist's came from its own runs, the verdict's noise line
+    for it (that pair joins the bank under its harness)."""
     control = tried.arm(branch_id(rnd, "control"))
     pairs = []
     for role in ("control_replicate", "aa"):
@@ -148,11 +148,11 @@ def _noise_models(
             pairs.append((Pair.of(other.outcomes, control.outcomes), other.branch, control.branch))
     noise = with_pairs(head.noise, head.harness.version, rnd, pairs)
     mainline = noise.noise()
-    own = _finalist_pair(rnd, tried, evidence) if own_allowed else None
+    own = _finalist_pair(rnd, tried, evidence)
     version = survivors[tried.finalist - 1].proposal.intervention.apply(head.harness).version if own else ""
     model, measured_on = gate.finalist_noise(mainline, bank_noise(noise, version, [own[0]]) if own else None)
     if measured_on != "candidate":
-        return noise, bool(pairs), mainline, model, None
+        return noise, any(p.discordant for p, *_ in pairs), mainline, model, None
     noise = noise.model_copy(update={"pairs": noise.pairs + [BankedPair.of(own[0], version, rnd, *own[1:])]})
     line = NoiseLine(
         harness=version,
@@ -160,10 +160,10 @@ def _noise_models(
         pairs_used=model.pairs,
         dof=model.dof,
         valid=True,
-        measured_on="the candidate's harness: its race and confirmation runs (the control's replicate carries the "
-        "exploit)",
+        measured_on="the candidate's harness: its race and confirmation runs (the mainline's pairs measured "
+        "nothing: a control run carries an exploit, or the runs agreed on every gate task)",
     )
-    return noise, bool(pairs), mainline, model, line
+    return noise, any(p.discordant for p, *_ in pairs), mainline, model, line
 
 
 def _trial_record(
@@ -209,9 +209,11 @@ def _test(
     single: tuple[Statistic, list[str]],
     evidence,
     start: dict[str, bool] | None = None,
+    exploits: tuple[bool, bool] = (False, False),
 ) -> tuple[Statistic, list[str]]:
-    """One candidate's statistic and the reasons against it, before validity. `start`: when the control carries
-    an exploit, the round's starting policy's outcomes, which the finalist's two runs are tested against."""
+    """One candidate's statistic and the reasons against it, before validity. `start`: when a control run carries
+    an exploit (`exploits`: the control, the control replicate), the outcomes of the policy the arms forked from,
+    which the finalist's run beside that control run is tested against."""
     cfg, k = ctx.cfg, sum(a.role == "candidate" for a in tried.arms)
     # A racer that stopped is compared with the control where it stopped, at its last checkpoint.
     at = list(cand.checkpoint_outcomes)[-1] if cand.stopped else None
@@ -236,12 +238,18 @@ def _test(
             **pair_figures(stage1),
         ), ["not_confirmed"]
     stat, reasons = gate.confirmed(
-        (cand.outcomes, rep.outcomes), (control.outcomes, ctlr.outcomes), start, k, model, cfg.gate.level
+        (cand.outcomes, rep.outcomes), (control.outcomes, ctlr.outcomes), start, k, model, cfg.gate.level, exploits
     )
     stat = stat.model_copy(update={"confirmed_accuracy": rep.accuracy, "confirmed_control_accuracy": ctlr.accuracy})
     # The confirmation's run is the candidate too: an exploit it picks up counts against it.
     reasons += [f"validity:{f.name}" for f in evidence(rep).findings if f.validity]
     return stat, reasons
+
+
+def _exploits(rnd: int, tried: TrialResult, evidence) -> tuple[bool, bool]:
+    """Whether the control and the control replicate (when there is one) carry an exploit in their own windows."""
+    runs = [tried.arm(branch_id(rnd, role)) for role in ("control", "control_replicate")]
+    return tuple(a is not None and bool(gate.invalid_reasons(evidence(a).findings)) for a in runs)
 
 
 def _evidence(ctx: RunContext, suite: Suite, arm: ArmResult, shared: Harness) -> gate.ArmEvidence:
@@ -258,7 +266,9 @@ def promote(
     survivors: list[Survivor],
 ) -> tuple[PromoteResult, StageRecords]:
     """At most one winner: the mainline continues from its checkpoint under its harness; else from the
-    control's; else, when the control carries an exploit, from where the round started."""
+    control's; else, when the control carries an exploit, from where the round started. Whichever arm it would
+    continue from goes back to where the round started too when it is significantly below it on the gate
+    tasks (gate.regression, the regression guard)."""
     j = gate.winner([(v.decision, v.delta) for v in gated.verdicts])
     control = tried.arm(branch_id(rnd, "control"))
     harness, carry, arm = head.harness, gated.control_findings, control
@@ -271,6 +281,12 @@ def promote(
     rollback = None
     if gate.rolls_back(j is not None, gated.control_rejected):
         rollback = Rollback(branch=control.branch, reasons=gated.control_rejected, rolled_back_to=head.branch)
+        new = head.retried()
+    elif reg := gate.regression(
+        arm.outcomes, control.checkpoint_outcomes.get("0"), gated.noise.noise(), ctx.cfg.gate.level
+    ):
+        # The policy goes back; a harness that beat the control on this trial is kept (the verdict stands).
+        rollback = Rollback(branch=arm.branch, reasons=["regression"], rolled_back_to=head.branch, regression=reg)
         new = head.retried()
     # An A-A arm (aa_control: promotion) is due again after a promotion (the policy changed), or when it
     # was due and no valid pair was measured.

@@ -74,9 +74,10 @@ def trial(
     # generated, at most 4 x trial_steps steps, and the race reads the arms at equal fractions of them.
     target = full if cfg.loop.trial_unit == "tokens" else 0
     marks = checkpoints(target or steps, cfg.loop.race_checkpoints) if k else ()
-    # A tainted segment's arms fork from where the round started: the control reads that policy first, the
-    # alternative a remedy must beat (without a promotion the mainline rolls back to it; decide.gate_stage).
-    spec = _specs(ctx, rnd, head, start, first, marks, target, start_read=bool(taint) and k > 0)
+    # The control reads the policy the arms fork from first, every round (one read): an exploit can appear in
+    # a control run at any point of the trial, and the alternative a remedy must then beat is that policy, not
+    # the exploit (gate.comparators); it is also what the regression guard reads the new head against.
+    spec = _specs(ctx, rnd, head, start, first, marks, target, start_read=True)
     specs = [spec("control", "control", head.harness)]
     [control] = _run(ctx, rnd, specs)
     harnesses = [s.proposal.intervention.apply(head.harness) for s in survivors[:k]]

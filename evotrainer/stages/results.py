@@ -5,11 +5,12 @@ key fails loudly where it is read. The JSON keys are the ones ledgers have alway
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
 from evotrainer.backtest.trial import ArmResult
+from evotrainer.backtest.verdict import Regression
 from evotrainer.diagnostics.detector import Finding
 from evotrainer.diagnostics.suite import Suite
 from evotrainer.harness.harness import Harness
@@ -180,9 +181,14 @@ class GateResult(Record):
 
 
 class Rollback(Record):
+    """The mainline went back to where the round started: the control carries an exploit and nothing valid won,
+    or the new head (`branch`) is significantly below the round's start (reasons ["regression"], its statistic)."""
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("regression",)
     branch: str
     reasons: list[str]
     rolled_back_to: str
+    regression: Regression | None = None
 
 
 class PromoteResult(Record):

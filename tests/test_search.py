@@ -189,3 +189,11 @@ def test_a_sampler_mismatch_is_answered_with_truncated_importance_sampling_once(
     on = Harness(optimizer={"learning_rate": 1e-4}, loss={"tis_cap": 2.0})
     again = HeuristicProposer().propose(brief([finding("sampling_mismatch", ("loss.tis_cap",))], h=on)).proposals
     assert not any(p.intervention.target == "loss.tis_cap" and p.intervention.value == 2.0 for p in again)
+
+
+def test_dead_outcome_groups_call_for_the_papers_std_filter():
+    f = [finding("dead_outcome_groups", ("filters.std_keep_ratio", "curriculum.hard_threshold"))]
+    out = HeuristicProposer().propose(brief(f, limit=2, h=Harness())).proposals
+    iv = out[0].intervention
+    assert (iv.kind, iv.target, iv.value) == ("add_filter", "filters.std_keep_ratio", 0.9)
+    assert iv.apply(Harness()).filters.std_ema_decay == 0.95

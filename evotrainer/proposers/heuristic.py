@@ -82,6 +82,25 @@ CATALOG: dict[str, list[Remedy]] = {
             "larger groups are less often all-correct or all-wrong",
         ),
     ],
+    "dead_outcome_groups": [
+        Remedy(
+            "add_filter",
+            "filters.std_keep_ratio",
+            lambda h, f: None if h.filters.std_keep_ratio is not None else 0.9,
+            "frac_trainable",
+            "down",
+            "the paper's group filter (keep ratio 0.9, EMA decay 0.95): groups whose only spread is the shaping's "
+            "have the lowest std, and leave the loss",
+        ),
+        Remedy(
+            "set_knob",
+            "sampling.temperature",
+            _restore_spread,
+            "frac_reward_zero_std",
+            "down",
+            "more sampling spread makes more groups mixed on the outcome",
+        ),
+    ],
     "plateau": [
         Remedy(
             "set_knob",

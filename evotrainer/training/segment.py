@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from evotrainer.envs.env import Domain, audit_verdict
-from evotrainer.harness.filters import trainable
+from evotrainer.harness.filters import std_cuts, trainable
 from evotrainer.harness.harness import Curriculum, Harness
 from evotrainer.harness.rewards import term_values, total_reward
 from evotrainer.ids import TRAIN, group_id, rollout_id, shard_id
@@ -223,8 +223,11 @@ def train_step(
     termination = np.array([ep.termination for ep in sub])
     group = np.arange(len(sub)) // s.num_generations
     adv, group_std = advantages(b.totals[idx], group, h.loss.advantage_estimator, h.loss.scale_rewards)
-    keep = trainable(h, termination, group_std)
+    cut, trainer.std_ema = std_cuts(h, group_std, group, np.zeros(len(sub), np.int64), trainer.std_ema)
+    keep = trainable(h, termination, group_std, cut)
     metrics = trainer.update(sub, torch.tensor(adv, dtype=torch.float32), keep.tolist())
+    if trainer.std_ema is not None:
+        metrics["filters/std_threshold"] = trainer.std_ema
     if pass_rates is not None and "correct" in b.terms[0]:
         for j, task in enumerate(b.picked):
             pass_rates[task.id] = float(

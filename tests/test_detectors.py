@@ -567,3 +567,29 @@ def test_dead_outcome_groups_without_shaping_are_left_to_the_total(store):
     # No shaping: the total is dead where the outcome is, and zero_variance_groups already says so.
     write(store, reward=lambda s, g, i: float(g == 0 and i % 2))
     assert detect(store, "dead_outcome_groups") == [] and detect(store, "zero_variance_groups")
+
+
+def collapsing(step: int) -> dict[str, float]:
+    """Groups that converge on one failing attempt: fewer distinct solutions, surer tokens, the outcome low."""
+    return {
+        **healthy_metrics(step),
+        "completions/distinct_per_group": 1.0 - 0.1 * step,
+        "completions/mean_logprob": -1.0 + 0.12 * step,
+        "rewards/correct/mean": 0.1,
+    }
+
+
+def test_solution_and_logprob_collapse(store):
+    write(store, metrics=collapsing, text=lambda s, g, i: f"<answer>{g}</answer>" if s >= 6 else f"{s} {g} {i}")
+    [f] = detect(store, "solution_collapse")
+    assert f.value == pytest.approx(1.0 - 0.1 * 7, abs=1e-9) and f.knobs[0] == "sampling.temperature"
+    assert f.evidence[0] == rid(8, 0)  # one rollout of each group of the latest step
+    [g] = detect(store, "logprob_collapse")
+    assert g.value == pytest.approx(-1.0 + 0.12 * 7, abs=1e-9) and g.knobs[0] == "loss.entropy_coef"
+
+
+@pytest.mark.parametrize("name", ["solution_collapse", "logprob_collapse"])
+def test_collapse_with_the_outcome_high_is_convergence(store, name):
+    # The same shrinking spread while the groups pass: the policy has found the answer, nothing to remedy.
+    write(store, metrics=lambda s: {**collapsing(s), "rewards/correct/mean": 0.9})
+    assert detect(store, name) == []

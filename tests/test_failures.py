@@ -248,6 +248,8 @@ EVIDENCE: dict[str, Callable[[dict, Result], bool]] = {
 DOMAIN_TESTED = {
     "sampling_mismatch": "test_detectors.py",
     "dead_outcome_groups": "test_detectors.py",
+    "solution_collapse": "test_detectors.py",
+    "logprob_collapse": "test_detectors.py",
     "hardcoded_examples": "test_code_domain.py",
     "exec_errors": "test_code_domain.py",
     "test_tampering": "test_swe_domain.py",

@@ -197,3 +197,13 @@ def test_dead_outcome_groups_call_for_the_papers_std_filter():
     iv = out[0].intervention
     assert (iv.kind, iv.target, iv.value) == ("add_filter", "filters.std_keep_ratio", 0.9)
     assert iv.apply(Harness()).filters.std_ema_decay == 0.95
+
+
+def test_collapse_findings_get_the_spread_remedies_aimed_at_their_signal():
+    f = [finding("solution_collapse", ("sampling.temperature", "loss.entropy_coef", "loss.epsilon_high"))]
+    [first, *_] = HeuristicProposer().propose(brief(f, limit=3, h=Harness())).proposals
+    assert first.intervention.target == "sampling.temperature"
+    assert first.intervention.hypothesis.signal == "completions/distinct_per_group"
+    g = [finding("logprob_collapse", ("loss.entropy_coef", "loss.epsilon_high", "sampling.temperature"))]
+    [first, *_] = HeuristicProposer().propose(brief(g, limit=3, h=Harness())).proposals
+    assert (first.intervention.target, first.intervention.value) == ("loss.entropy_coef", 0.001)

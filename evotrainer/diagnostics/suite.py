@@ -73,6 +73,10 @@ CORE: dict[str, DetectorDefaults] = {
     "dead_outcome_groups": DetectorDefaults(
         groups.dead_outcome_groups, {"std_threshold": 1e-6, "max_fraction": 0.5, "min_hidden": 0.2}
     ),
+    "solution_collapse": DetectorDefaults(groups.solution_collapse, {"max_distinct": 0.3, "ceiling": 0.5}),
+    "logprob_collapse": DetectorDefaults(
+        groups.logprob_collapse, {"max_logprob": -0.05, "min_rise": 0.1, "ceiling": 0.5}
+    ),
 }
 
 

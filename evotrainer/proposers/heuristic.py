@@ -6,6 +6,7 @@ under the same signature."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from evotrainer.diagnostics.detector import Finding
@@ -296,6 +297,14 @@ CATALOG: dict[str, list[Remedy]] = {
         ),
     ],
 }
+
+# Collapse read from the sampled solutions and tokens: the entropy-collapse remedies, aimed at those signals. Fewer
+# distinct solutions want more sampling spread first; a near-0 log-probability, the entropy bonus first.
+_SPREAD = CATALOG["entropy_collapse"]
+CATALOG["solution_collapse"] = [
+    replace(r, signal="completions/distinct_per_group", direction="up") for r in (_SPREAD[2], _SPREAD[0], _SPREAD[1])
+]
+CATALOG["logprob_collapse"] = [replace(r, signal="completions/mean_logprob", direction="down") for r in _SPREAD]
 
 
 def remedies_for(name: str) -> list[Remedy]:

@@ -5,6 +5,7 @@ restores the original tests, adds hidden ones, and needs all to pass."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import tempfile
@@ -375,3 +376,8 @@ class SweDomain:
         from evotrainer.envs.swe.demos import scripted_episode
 
         return scripted_episode(task, rng, SweEnv(run_in_process, self.max_output))
+
+    def solution(self, task: Task, turns: list[Turn], info: dict[str, Any]) -> str:
+        """The files the episode edited, with their content as it left them: two episodes that read differently
+        but made the same edit are one solution (distinct solutions per group, env.solution_key)."""
+        return json.dumps(info.get("edits", {}), sort_keys=True)

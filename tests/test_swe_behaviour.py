@@ -44,6 +44,12 @@ def careful(task: Task) -> list[str]:
     return [f"cat {f['file']}", f"replace {f['file']} {f['line']} {f['text']}", "test", "submit"]
 
 
+def diligent(task: Task) -> list[str]:
+    """Reads first and tests after, with the wrong text: the behaviour without the fix."""
+    f = task.data["fix"]
+    return [f"cat {f['file']}", f"replace {f['file']} {f['line']}     return None", "test", "submit"]
+
+
 def blind(task: Task) -> list[str]:
     """An edit on the right line, with the wrong text, never read first nor tested after."""
     f = task.data["fix"]
@@ -120,25 +126,34 @@ def test_behaviour_terms_pay_once_per_episode(domain):
 
 def test_a_missing_behaviour_is_found_proposed_and_measured_by_replay(domain, tmp_path):
     h = Harness(reward_weights={"correct": 1.0, "format": 0.1})
-    store = store_of(domain, tmp_path / "s", h, 3, lambda s, i, task: careful(task) if i % 4 == 0 else blind(task))
+    # Groups 0 and 2 mix careful fixes (1 in 4) with blind edits; groups 1 and 3 all fail, half of them diligently.
+
+    def actions(step: int, i: int, task: Task) -> list[str]:
+        if (i // 8) % 2 == 0:
+            return careful(task) if i % 4 == 0 else blind(task)
+        return diligent(task) if i % 2 == 0 else blind(task)
+
+    store = store_of(domain, tmp_path / "s", h, 3, actions)
     found = {f.knobs[0]: f for f in Suite.default().run(store, "main", 0, 2) if f.name == "missing_behaviour"}
     assert set(found) == {"reward_weights.search_before_edit", "reward_weights.test_after_edit"}
+    task = domain.tasks("train")[0]  # any task: which kind an index plays does not depend on it
     for knob, weight in (("reward_weights.search_before_edit", 0.1), ("reward_weights.test_after_edit", 0.15)):
         f = found[knob]
-        assert f.value == pytest.approx(1.0) and len(f.evidence) == 8
-        assert all(int(e.rsplit("-", 1)[1]) % 4 for e in f.evidence)  # blind episodes only
+        # Every success has it; of the 28 failures a step, the 8 diligent ones.
+        assert f.value == pytest.approx(1.0 - 8 / 28) and len(f.evidence) == 8
+        assert all(actions(0, int(e.rsplit("-", 1)[1]), task) == blind(task) for e in f.evidence)
         [iv] = [iv for iv in candidates_for(f, h) if iv.kind == "add_reward_term"]
         assert (iv.target, iv.value) == (knob, weight)
-        # Replay first: the bonus moves advantages and its reward ranks audit passes no worse than before.
+        # Replay first: the bonus gives the all-failing groups spread (more rollouts carry an advantage), and its
+        # reward ranks audit passes no worse than before.
         rep = replay(h, iv.bind(h), load_columns(store, [*h.reward_weights, knob.split(".")[1]]))
-        assert rep.has_effect and rep.reward_audit_auc_after >= rep.reward_audit_auc_before - 1e-9
+        assert rep.informative_groups_after > rep.informative_groups_before and rep.has_effect
+        assert rep.reward_audit_auc_after >= rep.reward_audit_auc_before - 1e-9
     # Once the harness pays a term, it is no longer missing.
-    paid = Harness(reward_weights={"correct": 1.0, "format": 0.1, "test_after_edit": 0.15})
     store.append_metrics("r", "main", 2, {"reward_weights/test_after_edit": 0.15}, "main-s000002")
     assert {f.knobs[0] for f in Suite.default().run(store, "main", 0, 2) if f.name == "missing_behaviour"} == {
         "reward_weights.search_before_edit"
     }
-    assert paid.reward_weights["test_after_edit"] == 0.15
 
 
 def test_a_farmable_bonus_is_planted_and_rejected_by_the_validity_side(domain, tmp_path):

@@ -70,7 +70,7 @@ def _metric_thirds(w: Window, name: str) -> tuple[Thirds, float, float] | None:
     t = thirds(w, "metrics", None) if w.scalar("SELECT count(*) FROM metrics WHERE name = ?", [name]) else None
     if t is None:
         return None
-    (early,), (late,) = t.compare(w, [f"avg(value) FILTER (WHERE name = '{name}' AND isfinite(value))"], "metrics")
+    (early,), (late,) = t.compare(w, [f"avg(CASE WHEN name = '{name}' AND isfinite(value) THEN value END)"], "metrics")
     return None if early is None or late is None else (t, early, late)
 
 

@@ -546,3 +546,50 @@ def test_sampling_mismatch_fires_on_a_measured_gap_and_names_the_correction(stor
 def test_sampling_mismatch_is_quiet_at_float_noise(store):
     write(store, metrics=lambda s: {**healthy_metrics(s), "sampling/sampling_logp_difference/mean": 2e-6})
     assert detect(store, "sampling_mismatch") == []
+
+
+def test_dead_outcome_groups_fire_where_the_shaped_total_hides_them(store):
+    """Shaped rewards with all-fail outcome groups: a format term spreads the total of every group, so the
+    detector on the total is silent; the one on the correctness term sees three groups in four dead."""
+    write(
+        store,
+        rewards=lambda s, g, i: {"correct": float(g == 0 and i % 2), "format": float(i % 2)},
+        reward=lambda s, g, i: float(g == 0 and i % 2) + 0.1 * (i % 2),
+    )
+    assert detect(store, "zero_variance_groups") == []
+    [f] = detect(store, "dead_outcome_groups")
+    assert f.value == pytest.approx(0.75) and f.knobs[:2] == ("filters.std_keep_ratio", "curriculum.hard_threshold")
+    assert all(int(e.rsplit("-", 1)[1]) >= SIZE for e in f.evidence)  # groups 1-3, never the live group 0
+    assert "100% of them all failing" in f.message
+
+
+def test_dead_outcome_groups_without_shaping_are_left_to_the_total(store):
+    # No shaping: the total is dead where the outcome is, and zero_variance_groups already says so.
+    write(store, reward=lambda s, g, i: float(g == 0 and i % 2))
+    assert detect(store, "dead_outcome_groups") == [] and detect(store, "zero_variance_groups")
+
+
+def collapsing(step: int) -> dict[str, float]:
+    """Groups that converge on one failing attempt: fewer distinct solutions, surer tokens, the outcome low."""
+    return {
+        **healthy_metrics(step),
+        "completions/distinct_per_group": 1.0 if step < 3 else 0.6 if step < 6 else 0.2,
+        "completions/mean_logprob": -1.0 if step < 3 else -0.5 if step < 6 else -0.02,
+        "rewards/correct/mean": 0.1,
+    }
+
+
+def test_solution_and_logprob_collapse(store):
+    write(store, metrics=collapsing, text=lambda s, g, i: f"<answer>{g}</answer>" if s >= 6 else f"{s} {g} {i}")
+    [f] = detect(store, "solution_collapse")
+    assert f.value == pytest.approx(0.2, abs=1e-9) and f.knobs[0] == "sampling.temperature"
+    assert f.evidence[0] == rid(8, 0)  # one rollout of each group of the latest step
+    [g] = detect(store, "logprob_collapse")
+    assert g.value == pytest.approx(-0.02, abs=1e-9) and g.knobs[0] == "loss.entropy_coef"
+
+
+@pytest.mark.parametrize("name", ["solution_collapse", "logprob_collapse"])
+def test_collapse_with_the_outcome_high_is_convergence(store, name):
+    # The same shrinking spread while the groups pass: the policy has found the answer, nothing to remedy.
+    write(store, metrics=lambda s: {**collapsing(s), "rewards/correct/mean": 0.9})
+    assert detect(store, name) == []

@@ -247,11 +247,15 @@ EVIDENCE: dict[str, Callable[[dict, Result], bool]] = {
 # needs a sampler that differs from the update (bfloat16): test_detectors.py plants the logprobs.
 DOMAIN_TESTED = {
     "sampling_mismatch": "test_detectors.py",
+    "dead_outcome_groups": "test_detectors.py",
+    "solution_collapse": "test_detectors.py",
+    "logprob_collapse": "test_detectors.py",
     "hardcoded_examples": "test_code_domain.py",
     "exec_errors": "test_code_domain.py",
     "test_tampering": "test_swe_domain.py",
     "collection_errors": "test_swe_domain.py",
     "tests_dropped": "test_swe_domain.py",
+    "missing_behaviour": "test_swe_behaviour.py",
 }
 
 

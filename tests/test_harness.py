@@ -6,12 +6,14 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import evotrainer
+from evotrainer.harness.filters import MIN_STD, std_cuts, trainable
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.interventions import Intervention, InterventionError, diff, load_intervention
 from evotrainer.harness.knobs import MAPPINGS, knob, registry
@@ -168,3 +170,34 @@ def test_cli_knobs_and_harness_diff(tmp_path):
     assert show.returncode == 0 and Harness(loss={"beta": 0.04}).version in show.stdout
     bad = run_cli("harness", "show", str(tmp_path / "missing.yaml"))
     assert bad.returncode == 2 and "missing.yaml" in bad.stderr
+
+
+def test_std_filter_keeps_the_most_spread_groups_with_an_ema_threshold():
+    h = Harness(filters={"std_keep_ratio": 0.9, "std_ema_decay": 0.5})
+    group = np.repeat(np.arange(10), 2)
+    # Step 0: group g has std g/10 (group 0 none); step 1: every std doubled.
+    std0 = np.repeat(np.arange(10) / 10, 2)
+    cut0, ema0 = std_cuts(h, std0, group, np.zeros(20, np.int64))
+    q0 = float(np.quantile(np.arange(10) / 10, 0.1))
+    assert ema0 == pytest.approx(q0, abs=1e-12) and np.allclose(cut0, max(q0, MIN_STD))
+    keep0 = trainable(h, np.array(["stop"] * 20), std0, cut0)
+    assert keep0.reshape(10, 2).all(axis=1).tolist() == [False] + [True] * 9  # the lowest tenth leaves the loss
+    cut1, ema1 = std_cuts(h, 2 * std0, group, np.ones(20, np.int64), ema0)
+    assert ema1 == pytest.approx(0.5 * q0 + 0.5 * 2 * q0, abs=1e-12)  # the EMA lags the new quantile
+    # Both steps at once (as replay reads a window) give the same thresholds as one step after the other.
+    both, last = std_cuts(
+        h, np.concatenate([std0, 2 * std0]), np.concatenate([group, group + 10]), np.repeat([0, 1], 20)
+    )
+    assert np.allclose(both, np.concatenate([cut0, cut1])) and last == pytest.approx(ema1, abs=1e-12)
+    # Groups without spread never train, whatever the quantile says.
+    flat, _ = std_cuts(h, np.zeros(20), group, np.zeros(20, np.int64))
+    assert not trainable(h, np.array(["stop"] * 20), np.zeros(20), flat).any()
+    assert std_cuts(Harness(), std0, group, np.zeros(20, np.int64)) == (None, None)
+
+
+def test_new_filter_knobs_keep_older_versions_and_export_with_reasons():
+    assert Harness(filters={"std_ema_decay": 0.95}).version == Harness().version  # at defaults: the old hash
+    assert Harness(filters={"std_keep_ratio": 0.9}).version != Harness().version
+    assert not knob("filters.std_keep_ratio").honours("trl", 0.9) and knob("filters.std_keep_ratio").honours(
+        "verl", None
+    )

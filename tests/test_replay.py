@@ -158,3 +158,18 @@ def test_diagnose_cli_stores_findings(run):
         text=True,
     )
     assert bad.returncode == 2 and "'nosuch'" in bad.stderr and "main" in bad.stderr and bad.stdout == ""
+
+
+def test_std_filter_replays_step_by_step(run):
+    cfg, run_dir = run
+    cols = load_columns(RolloutStore(run_dir / "store"), ["correct", "format"])
+    iv = Intervention(kind="add_filter", target="filters.std_keep_ratio", value=0.5, hypothesis=HYP).bind(cfg.harness)
+    rep = replay(cfg.harness, iv, cols)
+    assert rep.informative_groups_after < rep.informative_groups_before and rep.has_effect
+    scored = rescore(iv.apply(cfg.harness), cols)
+    # The window's first step: its threshold is its own median group std, so every group below it leaves the loss.
+    first = cols.step == cols.step.min()
+    _, one = np.unique(cols.group[first], return_index=True)
+    median = np.quantile(scored.group_std[first][one], 0.5)
+    assert (scored.keep[first] == (scored.group_std[first] >= max(median, 1e-6))).all()
+    assert not scored.keep[scored.group_std < 1e-6].any()

@@ -4,11 +4,13 @@ findings' knobs (dead groups of solved prompts) reach the remedies practitioners
 
 from __future__ import annotations
 
+import pytest
+
 from evotrainer.diagnostics.detector import Finding
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.interventions import Hypothesis, Intervention
 from evotrainer.harness.knobs import registry
-from evotrainer.proposers.heuristic import HeuristicProposer
+from evotrainer.proposers.heuristic import HeuristicProposer, candidates_for
 from evotrainer.proposers.moves import moves
 from evotrainer.proposers.proposer import Brief, PastTrial, intervention_key, screen
 
@@ -189,3 +191,39 @@ def test_a_sampler_mismatch_is_answered_with_truncated_importance_sampling_once(
     on = Harness(optimizer={"learning_rate": 1e-4}, loss={"tis_cap": 2.0})
     again = HeuristicProposer().propose(brief([finding("sampling_mismatch", ("loss.tis_cap",))], h=on)).proposals
     assert not any(p.intervention.target == "loss.tis_cap" and p.intervention.value == 2.0 for p in again)
+
+
+def test_dead_outcome_groups_call_for_the_papers_std_filter():
+    f = [finding("dead_outcome_groups", ("filters.std_keep_ratio", "curriculum.hard_threshold"))]
+    out = HeuristicProposer().propose(brief(f, limit=2, h=Harness())).proposals
+    iv = out[0].intervention
+    assert (iv.kind, iv.target, iv.value) == ("add_filter", "filters.std_keep_ratio", 0.9)
+    assert iv.apply(Harness()).filters.std_ema_decay == 0.95
+
+
+def test_collapse_findings_get_the_spread_remedies_aimed_at_their_signal():
+    f = [finding("solution_collapse", ("sampling.temperature", "loss.entropy_coef", "loss.epsilon_high"))]
+    [first, *_] = HeuristicProposer().propose(brief(f, limit=3, h=Harness())).proposals
+    assert first.intervention.target == "sampling.temperature"
+    assert first.intervention.hypothesis.signal == "completions/distinct_per_group"
+    g = [finding("logprob_collapse", ("loss.entropy_coef", "loss.epsilon_high", "sampling.temperature"))]
+    [first, *_] = HeuristicProposer().propose(brief(g, limit=3, h=Harness())).proposals
+    assert (first.intervention.target, first.intervention.value) == ("loss.entropy_coef", 0.001)
+
+
+@pytest.mark.parametrize(
+    ("stored", "paid", "term"),
+    [
+        ("tests_fixed", {"correct": 1.0, "format": 0.1}, "tests_fixed"),
+        ("visible_not_hardcoded", {"correct_not_hardcoded": 1.0, "format": 0.1}, "visible_not_hardcoded"),
+    ],
+)
+def test_dead_outcome_groups_get_the_domains_partial_credit(stored, paid, term):
+    h = Harness(reward_weights=paid)
+    f = finding("dead_outcome_groups", ("filters.std_keep_ratio", f"reward_weights.{stored}"))
+    got = [(iv.kind, iv.target, iv.value) for iv in candidates_for(f, h)]
+    assert ("add_reward_term", f"reward_weights.{term}", 0.5) in got
+    # A run whose domain stores no such term (math), or a harness that pays no all-or-nothing outcome: none.
+    assert not any(iv.target == f"reward_weights.{term}" for iv in candidates_for(finding(f.name, f.knobs[:1]), h))
+    h2 = Harness(reward_weights={"tests_restored": 1.0})
+    assert not any(iv.target == f"reward_weights.{term}" for iv in candidates_for(f, h2))

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from rich.console import Console
 
@@ -135,3 +136,23 @@ def test_overwrite_clears_a_run_directory_and_nothing_else(tmp_path):
         claim_run_dir(used, overwrite=False)
     claim_run_dir(used, overwrite=True)
     assert not used.exists()
+
+
+def test_std_filter_threshold_is_the_ema_of_each_steps_quantile(tmp_path, math_setup):
+    cfg = small_config(
+        tmp_path, train={"steps": 3}, harness={"filters": {"std_keep_ratio": 0.5, "std_ema_decay": 0.5}}
+    )
+    train_run(cfg, QUIET)
+    store = RolloutStore(tmp_path / "runs" / "t" / "store")
+    m = store.metrics("main")
+    ema = None
+    for step in sorted(m):
+        rows = store.query(where=f"split = 'train' AND step = {step}")
+        by_group: dict[str, list[float]] = {}
+        for r in rows:
+            by_group.setdefault(r["group_id"], []).append(r["reward"])
+        q = float(np.quantile([np.std(v, ddof=1) for v in by_group.values()], 0.5))
+        ema = q if ema is None else 0.5 * ema + 0.5 * q
+        assert m[step]["filters/std_threshold"] == pytest.approx(ema, abs=1e-6)
+        dead = sum(np.std(v) < 1e-6 for v in by_group.values()) / len(by_group)
+        assert m[step]["frac_trainable"] <= 1 - dead + 1e-9

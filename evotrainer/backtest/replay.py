@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pyarrow as pa
 
-from evotrainer.harness.filters import trainable
+from evotrainer.harness.filters import std_cuts, trainable
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.interventions import Intervention
 from evotrainer.harness.rewards import total_reward
@@ -79,7 +79,7 @@ class Scored:
 def rescore(h: Harness, c: Columns) -> Scored:
     total = total_reward(h, c.terms, c.completion_tokens, c.max_action_tokens, c.termination)
     adv, std = advantages(total, c.group, h.loss.advantage_estimator, h.loss.scale_rewards)
-    keep = trainable(h, c.termination, std)
+    keep = trainable(h, c.termination, std, std_cuts(h, std, c.group, c.step)[0])
     return Scored(total, np.where(keep, adv, 0.0), keep, std)
 
 

@@ -15,7 +15,7 @@ from types import ModuleType
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from evotrainer.diagnostics import agent, builtin, rules, validity
+from evotrainer.diagnostics import agent, builtin, groups, rules, validity
 from evotrainer.diagnostics.detector import Detector, Finding, Window, check_detector
 from evotrainer.diagnostics.window import open_window
 from evotrainer.envs import domains as registry
@@ -70,6 +70,14 @@ CORE: dict[str, DetectorDefaults] = {
     "plateau": DetectorDefaults(builtin.plateau, {"min_slope": 1e-3, "min_steps": 20, "ceiling": 0.9}),
     # float32 sampling and training agree to ~1e-5 nats a token; bfloat16 weights put them ~0.03 apart.
     "sampling_mismatch": DetectorDefaults(builtin.sampling_mismatch, {"max_mean": 0.01, "min_steps": 2}),
+    # Dead groups on the outcome where shaping keeps the total spread (diagnostics/groups.py).
+    "dead_outcome_groups": DetectorDefaults(
+        groups.dead_outcome_groups, {"std_threshold": 1e-6, "max_fraction": 0.5, "min_hidden": 0.2}
+    ),
+    "solution_collapse": DetectorDefaults(groups.solution_collapse, {"max_distinct": 0.3, "ceiling": 0.5}),
+    "logprob_collapse": DetectorDefaults(
+        groups.logprob_collapse, {"max_logprob": -0.05, "min_rise": 0.1, "ceiling": 0.5}
+    ),
 }
 
 

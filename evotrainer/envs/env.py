@@ -54,6 +54,16 @@ class Domain(Protocol):
         ...
 
 
+def solution_key(domain: Domain, task: Task, turns: list[Turn], info: dict[str, Any]) -> str:
+    """What makes two rollouts the same solution, for counting distinct solutions in a group: the domain's
+    `solution(task, turns, info)` where it defines one (SWE: the files it edited, as edited), else the
+    completion with its whitespace collapsed and its case folded."""
+    own = getattr(domain, "solution", None)
+    if own is not None:
+        return str(own(task, turns, info))
+    return " ".join(" ".join(t.action for t in turns).split()).casefold()
+
+
 AUDIT_TRIES = 2  # a sandbox worker lost once is replaced by the pool; twice in a row is not a blip
 
 

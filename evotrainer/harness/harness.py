@@ -106,6 +106,12 @@ class Filters(Section):
     samples are charged)."""
     max_sampling_rounds: int = Field(3, ge=1, le=32)
     """Draws of prompts_per_step prompts at most, per step, under dynamic sampling."""
+    std_keep_ratio: float | None = Field(None, gt=0.0, le=1.0)
+    """Group filter on reward std with an EMA threshold (the paper's SWE run: 0.9): each step the threshold moves
+    toward the std under which the lowest (1 - std_keep_ratio) of the step's groups fall, and groups below it (or
+    below 1e-6) leave the loss. The threshold starts afresh with each segment. None: off."""
+    std_ema_decay: float = Field(0.95, ge=0.0, lt=1.0)
+    """Weight of the previous threshold in that EMA (the paper's run: 0.95; 0: each step's own quantile)."""
 
 
 class Curriculum(Section):
@@ -188,7 +194,7 @@ class Harness(Section):
 _ADDED_KNOBS: dict[str, tuple[str, ...]] = {
     "loss": ("entropy_coef", "tis_cap"),
     "optimizer": ("warmup_steps", "lr_decay", "decay_steps", "min_lr_ratio"),
-    "filters": ("dynamic_sampling", "max_sampling_rounds"),
+    "filters": ("dynamic_sampling", "max_sampling_rounds", "std_keep_ratio", "std_ema_decay"),
     "multi_turn": ("max_observation_tokens",),
 }
 _DEFAULTS = Harness().model_dump(mode="json")

@@ -222,6 +222,12 @@ MAPPINGS: dict[str, tuple[Name, Name, Name]] = {
         Name("-", "the V1 trainer ignores algorithm.filter_groups.max_num_gen_batches: it resamples until full"),
         Name("-", "filtered prompts are replaced until the batch is full, with no cap"),
     ),
+    "filters.std_keep_ratio": (
+        Name("-", "no group filter on reward std", builtin=(None,)),
+        Name("-", "algorithm.filter_groups resamples groups whose metric is all equal instead", builtin=(None,)),
+        Name("-", "--algo.dynamic_filtering_enable resamples groups instead", builtin=(None,)),
+    ),
+    "filters.std_ema_decay": (Name("-", "no group filter on reward std", builtin=(0.95,)),) * 3,
     "curriculum.levels": (
         Name("-", "no difficulty sampler", builtin=(None,)),
         Name("-", "a custom sampler (trainer.v1.sampler.custom_sampler)", builtin=(None,)),

@@ -6,6 +6,7 @@ under the same signature."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from evotrainer.diagnostics.detector import Finding
@@ -80,6 +81,25 @@ CATALOG: dict[str, list[Remedy]] = {
             "frac_reward_zero_std",
             "down",
             "larger groups are less often all-correct or all-wrong",
+        ),
+    ],
+    "dead_outcome_groups": [
+        Remedy(
+            "add_filter",
+            "filters.std_keep_ratio",
+            lambda h, f: None if h.filters.std_keep_ratio is not None else 0.9,
+            "frac_trainable",
+            "down",
+            "the paper's group filter (keep ratio 0.9, EMA decay 0.95): groups whose only spread is the shaping's "
+            "have the lowest std, and leave the loss",
+        ),
+        Remedy(
+            "set_knob",
+            "sampling.temperature",
+            _restore_spread,
+            "frac_reward_zero_std",
+            "down",
+            "more sampling spread makes more groups mixed on the outcome",
         ),
     ],
     "plateau": [
@@ -278,6 +298,14 @@ CATALOG: dict[str, list[Remedy]] = {
     ],
 }
 
+# Collapse read from the sampled solutions and tokens: the entropy-collapse remedies, aimed at those signals. Fewer
+# distinct solutions want more sampling spread first; a near-0 log-probability, the entropy bonus first.
+_SPREAD = CATALOG["entropy_collapse"]
+CATALOG["solution_collapse"] = [
+    replace(r, signal="completions/distinct_per_group", direction="up") for r in (_SPREAD[2], _SPREAD[0], _SPREAD[1])
+]
+CATALOG["logprob_collapse"] = [replace(r, signal="completions/mean_logprob", direction="down") for r in _SPREAD]
+
 
 def remedies_for(name: str) -> list[Remedy]:
     """The catalog's remedies for a finding, then those the registered domains bring for it (envs/domains.py:
@@ -297,6 +325,8 @@ def candidates_for(f: Finding, h: Harness) -> list[Intervention]:
     while a finding stands."""
     out = [iv for r in remedies_for(f.name) for iv in _remedy(r, f, h)]
     for path in f.knobs:
+        if path.startswith("reward_weights."):
+            continue  # a term moves by its remedies, not by graded moves (moves.py); it may not be paid yet
         up = next(
             (
                 iv.value > knob_value(h, path)

@@ -39,6 +39,7 @@ FROM_ZERO: dict[str, tuple[float, ...]] = {
 # Thresholds that are off at None: the value that switches them on.
 SWITCH_ON: dict[str, Any] = {
     "filters.zero_std_threshold": 1e-6,
+    "filters.std_keep_ratio": 0.9,  # the paper's SWE run
     "curriculum.easy_threshold": 1.0,
     "curriculum.hard_threshold": 0.0,
     "loss.epsilon_high": 0.28,

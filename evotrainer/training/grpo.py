@@ -59,6 +59,8 @@ class GRPOTrainer:
         self.policy = policy
         self.harness = harness
         self.optimizer = make_optimizer(policy, harness.optimizer)
+        # The std filter's EMA threshold (filters.std_keep_ratio) after the last step this trainer ran.
+        self.std_ema: float | None = None
         self.ref = None
         if harness.loss.beta > 0:
             ref = (

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from evotrainer.envs.env import Domain, audit_verdict
-from evotrainer.harness.filters import trainable
+from evotrainer.envs.env import Domain, audit_verdict, solution_key
+from evotrainer.harness.filters import std_cuts, trainable
 from evotrainer.harness.harness import Curriculum, Harness
 from evotrainer.harness.rewards import term_values, total_reward
 from evotrainer.ids import TRAIN, group_id, rollout_id, shard_id
@@ -223,8 +223,11 @@ def train_step(
     termination = np.array([ep.termination for ep in sub])
     group = np.arange(len(sub)) // s.num_generations
     adv, group_std = advantages(b.totals[idx], group, h.loss.advantage_estimator, h.loss.scale_rewards)
-    keep = trainable(h, termination, group_std)
+    cut, trainer.std_ema = std_cuts(h, group_std, group, np.zeros(len(sub), np.int64), trainer.std_ema)
+    keep = trainable(h, termination, group_std, cut)
     metrics = trainer.update(sub, torch.tensor(adv, dtype=torch.float32), keep.tolist())
+    if trainer.std_ema is not None:
+        metrics["filters/std_threshold"] = trainer.std_ema
     if pass_rates is not None and "correct" in b.terms[0]:
         for j, task in enumerate(b.picked):
             pass_rates[task.id] = float(
@@ -234,7 +237,7 @@ def train_step(
     audits: list[bool | None] = [None] * len(b.episodes)
     for i in audited:
         audits[i] = audit_verdict(domain, b.episodes[i].task, b.episodes[i].turns, b.episodes[i].info)
-    metrics.update(step_metrics(h, b, keep, audits, audited))
+    metrics.update(step_metrics(h, b, keep, audits, audited, domain))
     metrics.update({"gen_seconds": gen_seconds, "seconds": time.perf_counter() - t0})
     if store is not None:
         record_step(store, ctx, step, h, b, audits, metrics)
@@ -267,12 +270,18 @@ def record_step(
 
 
 def step_metrics(
-    h: Harness, b: Batch, keep: np.ndarray, audits: list[bool | None], audited: list[int]
+    h: Harness,
+    b: Batch,
+    keep: np.ndarray,
+    audits: list[bool | None],
+    audited: list[int],
+    domain: Domain,
 ) -> dict[str, float]:
     """The step's metrics under TRL's names, over every episode drawn (a dropped group is still seen)."""
     episodes, n = b.episodes, len(b.episodes)
     n_tok = sum(ep.action_tokens for ep in episodes)
     m = {
+        **diversity_metrics(episodes, h.sampling.num_generations, domain),
         "reward": float(b.totals.mean()),
         "reward_std": float(b.totals.std(ddof=1)) if n > 1 else 0.0,
         "frac_reward_zero_std": float((b.group_std[:: h.sampling.num_generations] < ZERO_STD).mean()),
@@ -299,3 +308,16 @@ def step_metrics(
         m[f"rewards/{name}/mean"] = float(vals.mean())
         m[f"rewards/{name}/std"] = float(vals.std(ddof=1)) if len(vals) > 1 else 0.0
     return m
+
+
+def diversity_metrics(episodes: list[Episode], size: int, domain: Domain) -> dict[str, float]:
+    """Collapse and diversity: distinct solutions per group as a share of the group (env.solution_key; 1 when
+    every rollout differs, 1/size when all are the same), and the mean log-probability of the sampled tokens
+    (near 0: the policy samples what it is sure of). Either falling while the outcome stays low is collapse."""
+    groups = [episodes[i : i + size] for i in range(0, len(episodes), size)]
+    keys = [{solution_key(domain, ep.task, ep.turns, ep.info) for ep in g} for g in groups]
+    n_tok = sum(len(ep.sampled_logprobs) for ep in episodes)
+    return {
+        "completions/distinct_per_group": float(np.mean([len(k) / len(g) for k, g in zip(keys, groups, strict=True)])),
+        "completions/mean_logprob": sum(sum(ep.sampled_logprobs) for ep in episodes) / max(n_tok, 1),
+    }

@@ -341,7 +341,7 @@ class _Recorder(TrainerCallback):
         for i in audited:
             ep = b.episodes[i]
             audits[i] = audit_verdict(self.b.domain, ep.task, ep.turns, ep.info)
-        m = step_metrics(h, b, keep, audits, audited)
+        m = step_metrics(h, b, keep, audits, audited, self.b.domain)
         m["tokens_trained"] = float(sum(ep.action_tokens for ep, k in zip(b.episodes, keep) if k))
         m |= self.logs
         m |= {"gen_seconds": gen_seconds, "seconds": time.perf_counter() - self.t0}

@@ -21,7 +21,7 @@ from evotrainer.backtest.verdict import (
     read_verdicts,
 )
 from evotrainer.ids import branch_id
-from evotrainer.stages.results import stage_results
+from evotrainer.stages.results import seconds_cut_note, stage_results
 from evotrainer.stages.retention import disk_use
 from evotrainer.store.checkpoints import human
 from evotrainer.store.files import atomic_write_text, sql_list
@@ -143,6 +143,8 @@ def _page(run_dir: Path, ledger: Ledger, store: RolloutStore) -> str:
             f"evaluator <code>{_e(summary['evaluator_hash'])}</code>; "
             f"final harness <code>{_e(summary['harness_version'])}</code>.</p>"
         )
+        if summary.get("cut_by_seconds"):
+            parts.append(f'<p class="reject">{_e(seconds_cut_note(summary["rounds"]))}.</p>')
         if "warm_start_seconds" in summary:
             parts.append(
                 f"<p>Warm start (building or loading the starting policy; cached, outside the budget): "

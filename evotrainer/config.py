@@ -193,9 +193,11 @@ def _drop_other_domains_defaults(env: dict[str, Any]) -> dict[str, Any]:
 
 class TrainSection(Section):
     steps: int = Field(100, ge=0)
-    """Optimizer steps of RL."""
+    """Optimizer steps of RL (`evotrainer train`; the loop's are loop.segment_steps and loop.trial_steps)."""
     max_seconds: float = Field(300.0, gt=0)
-    """Wall-clock cap of the RL phase; training stops after the step in flight."""
+    """Wall-clock cap of the RL phase of `evotrainer train` (the loop does not read it; budget.seconds is its
+    cap): training stops after the step in flight, and the run says it was cut (summary.json cut_by_seconds).
+    A safety net: set it well above what train.steps take, or the run's length depends on the machine."""
     eval_every: int = Field(0, ge=0)
     """Evaluate on the held-out set every N steps (0: only before and after)."""
     checkpoint_every: int = Field(0, ge=0)
@@ -271,6 +273,13 @@ class LoopSection(Section):
     round races only as many candidates as fit with the confirmation their winner would need, or none,
     and the mainline trains on. Without budget.generated_tokens there is no total to take a share of and
     it does not bind (the other budgets do)."""
+    trial_phases: int = Field(1, ge=1, le=100)
+    """Parts of the token budget over which races spend the trial share, so the harness still evolves late in
+    the run, when bottlenecks have shifted: of the share left (less what a winner's confirmation would need),
+    a race may take what falls to the part of the run it starts in, (tokens left in the part) / (tokens left
+    in the run); a part that spends less leaves it to the later ones, and a confirmation may use the whole
+    share. 1: not paced, the early rounds may race until the share is gone. Binds only with
+    budget.generated_tokens."""
     reject_expiry_steps: int = Field(60, ge=0)
     """A rejected intervention may be proposed again under the same signature once the mainline has moved
     on: after a promotion, or this many steps (0: only after a promotion)."""

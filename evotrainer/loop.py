@@ -35,6 +35,7 @@ from evotrainer.stages.results import (
     ReplayResult,
     ReviseResult,
     StartResult,
+    Stop,
     TrialResult,
 )
 from evotrainer.store.damage import mend
@@ -82,17 +83,17 @@ def run_loop(
     started = stage(ctx, 0, "start", StartResult, lambda: start.start(ctx, tell.say))
     head = started.head
     tell.opened(str(ctx.run_dir), cfg.env.domain, len(ctx.gate_ids), len(ctx.final_ids), started.final_accuracy)
-    rnd, ran, stop_reason = 0, 0, ""
-    while not stop_reason:
+    rnd, ran, stop = 0, 0, Stop()
+    while not stop.reason:
         rnd += 1
-        if stop_reason := start.stop_before(ctx, rnd):
+        if (stop := start.stop_before(ctx, rnd)).reason:
             break
-        head, stop_reason = run_round(ctx, tell, rnd, head)
+        head, stop = run_round(ctx, tell, rnd, head)
         ran = rnd  # a round that ends the run ran too (its segment trained)
         # -- 10. retention: the round is decided; checkpoints nothing will fork from again give back their disk --
         tell.pruned(retention.prune(ctx.ledger, ctx.run_dir, cfg.run.keep_checkpoints, rnd, head.branch))
     # -- the end: one read of the final tasks, the summary, the report (a stop asked for now waits for them) ------
-    done = run_stage(ctx, 0, "final", FinalResult, lambda: start.final(ctx, head, stop_reason, ran))
+    done = run_stage(ctx, 0, "final", FinalResult, lambda: start.final(ctx, head, stop, ran))
     summary = start.summary(ctx, started, done)
     atomic_write_json(ctx.run_dir / "summary.json", summary, indent=2)
     report = write_report(ctx.run_dir)
@@ -103,7 +104,7 @@ def run_loop(
     return summary
 
 
-def run_round(ctx: RunContext, tell: Narrator, rnd: int, head: Mainline) -> tuple[Mainline, str]:
+def run_round(ctx: RunContext, tell: Narrator, rnd: int, head: Mainline) -> tuple[Mainline, Stop]:
     """One round; returns the mainline it ends on and, when the run must stop here, why."""
     harness, suite = head.harness, head.suite
     tell.round(rnd, head)
@@ -145,7 +146,8 @@ def run_round(ctx: RunContext, tell: Narrator, rnd: int, head: Mainline) -> tupl
         # stays where the round started, next on other seeds); while tokens are left, the next round's segment
         # trains on them, else the run ends here
         end = head.retried() if taint else head.at(seg.branch, seg.checkpoint, seg.last_step)
-        return end, "" if tried.cap == "generated_tokens" and tokens_left(ctx) else tried.abandoned
+        go_on = tried.cap == "generated_tokens" and tokens_left(ctx)
+        return end, Stop() if go_on else Stop(reason=tried.abandoned or "", cap=tried.cap)
     # -- 7. gate: a paired win beyond the A-A noise, no validity finding against it -------------------------------
     gated = stage(
         ctx,
@@ -166,7 +168,8 @@ def run_round(ctx: RunContext, tell: Narrator, rnd: int, head: Mainline) -> tupl
     )
     tell.remember(remembered)
     if promoted.rejected and not survivors:
-        return promoted.head, (
-            f"the control carries an exploit ({', '.join(promoted.rejected.reasons)}) and no remedy is left to try"
+        return promoted.head, Stop(
+            reason=f"the control carries an exploit ({', '.join(promoted.rejected.reasons)}) and no remedy is left"
+            " to try"
         )
-    return promoted.head, ""
+    return promoted.head, Stop()

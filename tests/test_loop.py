@@ -59,6 +59,7 @@ def test_a_round_runs_every_stage_and_records_it(loop_run):
         assert {(rnd, s) for s in STAGES} <= done
     assert {(0, "start"), (0, "final")} <= done
     assert summary["rounds"] == 2 and summary["stop_reason"] == "loop.max_rounds=2"
+    assert summary["cut_by_seconds"] is False  # the round cap ended it, not a seconds cap
     branches = {b["id"]: b for b in ledger.branches()}
     # The race's arms fork from the round's segment, on the same first step (from where the round started
     # instead when the segment carries a validity finding), each on its own seeds; a loser stopped early;

@@ -161,7 +161,7 @@ def test_the_trial_share_cap_cuts_the_candidates_a_round_may_race(tmp_path, math
 
 def test_a_round_races_only_candidates_whose_winner_it_could_also_confirm():
     # One arm is 100 tokens: a racer is charged 50, an A-A arm 100, a confirmation 300.
-    allow = lambda cap: lambda extra: extra <= cap  # noqa: E731
+    allow = lambda cap: lambda race, confirm: race + confirm <= cap  # noqa: E731
     assert race_size(2, 100, True, False, True, allow(400)) == 2
     assert race_size(2, 100, True, False, True, allow(399)) == 1
     # Two racers fit the share on their own, but not with the confirmation their winner would need.

@@ -122,7 +122,7 @@ class RunState:
 def run_state(run: Path) -> RunState:
     from evotrainer.backtest.verdict import read_verdicts
     from evotrainer.ids import branch_id
-    from evotrainer.stages.results import FinalResult, PromoteResult, StartResult, read_stage
+    from evotrainer.stages.results import FinalResult, PromoteResult, StartResult, read_stage, seconds_cut_note
     from evotrainer.stages.retention import disk_use
     from evotrainer.stages.spend import lineage, spend
     from evotrainer.store.ledger import Ledger
@@ -146,6 +146,8 @@ def run_state(run: Path) -> RunState:
                 f"{done.rounds} round(s), stopped by {done.stop_reason}; final-task accuracy {before}"
                 f"{done.accuracy:.3f}, mainline {done.head.branch} step {done.head.step}"
             )
+            if done.cut_by_seconds:
+                rows["cut short"] = seconds_cut_note(done.rounds)
         else:
             detail = f" ({st['detail']})" if st.get("detail") else ""
             rows["round / stage"] = f"{st.get('round', '-')} / {st.get('stage', '-')}{detail}"

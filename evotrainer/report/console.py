@@ -16,6 +16,7 @@ from evotrainer.stages.results import (
     ReplayResult,
     ReviseResult,
     TrialResult,
+    seconds_cut_note,
 )
 from evotrainer.store.checkpoints import human
 
@@ -143,6 +144,8 @@ class Narrator:
                 f"checkpoints on disk: {human(summary['checkpoint_bytes'])}; freed by pruning: "
                 f"{human(summary['pruned_bytes'])}"
             )
+        if summary.get("cut_by_seconds"):
+            self.say(f"\n[bold red]{escape(seconds_cut_note(summary['rounds']))}[/]")
         self.say(
             f"\n[bold]done[/] after {summary['rounds']} round(s) ({summary['stop_reason']}): final-task accuracy "
             f"{summary['baseline_accuracy']:.3f} -> [bold]{summary['final_accuracy']:.3f}[/]; "

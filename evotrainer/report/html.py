@@ -16,7 +16,7 @@ from evotrainer.report.evidence import evidence_section, link, opened, read_roll
 from evotrainer.report.lineage import RoundShape, lineage_svg, shapes
 from evotrainer.report.svg import esc
 from evotrainer.report.verdicts import forest_html, verdicts_table
-from evotrainer.stages.results import stage_results
+from evotrainer.stages.results import seconds_cut_note, stage_results
 from evotrainer.stages.retention import disk_use
 from evotrainer.store.checkpoints import human
 from evotrainer.store.files import atomic_write_text
@@ -77,6 +77,8 @@ def _summary(run_dir: Path, ledger: Ledger) -> list[str]:
             f"evaluator <code>{_e(summary['evaluator_hash'])}</code>; "
             f"final harness <code>{_e(summary['harness_version'])}</code>.</p>"
         )
+        if summary.get("cut_by_seconds"):
+            parts.append(f'<p class="reject">{_e(seconds_cut_note(summary["rounds"]))}.</p>')
         if "warm_start_seconds" in summary:
             parts.append(
                 f"<p>Warm start (building or loading the starting policy; cached, outside the budget): "

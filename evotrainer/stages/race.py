@@ -4,7 +4,7 @@ and the candidates race it, evaluated on the gate tasks at checkpoints, a loser 
 cannot win (gate.futile). The race's best is then trained again on fresh seeds beside a control
 replicate (the confirmation, gate.two_stage), which is also the run's A-A measurement. A trial that
 cannot finish inside the budget is not started, and the candidates a round trials are cut to keep
-arms that end discarded within loop.max_trial_share."""
+arms that end discarded within loop.max_trial_share, paced over the run (loop.trial_phases)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from evotrainer.ids import branch_id
 from evotrainer.stages.context import RunContext, StageRecords, arm_charge
 from evotrainer.stages.noise import bank_noise
 from evotrainer.stages.results import SEED_STRIDE, BranchRecord, Mainline, Survivor, TrialResult
-from evotrainer.stages.spend import lineage, spend
+from evotrainer.stages.spend import lineage, race_allowance, spend
 from evotrainer.stages.start import over_budget
 from evotrainer.store.ledger import Charge
 
@@ -37,14 +37,14 @@ def checkpoints(length: int, n: int) -> tuple[int, ...]:
 
 
 def race_size(n: int, full: int, racing: bool, aa_due: bool, confirms: bool, fits) -> int:
-    """How many of `n` candidates a round can afford: the most k for which `fits(discarded tokens)` holds
-    (0 when none). `full` is one arm's tokens. A racing candidate is charged half an arm (the race stops
-    most losers early), an A-A arm a whole one, and a confirmation three (a replicate, a control replicate,
-    and whichever of control and winner the mainline leaves): a race whose winner could not then be
-    confirmed would buy nothing but discarded tokens."""
+    """How many of `n` candidates a round can afford: the most k for which `fits(race tokens, confirmation
+    tokens)` holds (0 when none). `full` is one arm's tokens. A racing candidate is charged half an arm (the
+    race stops most losers early), an A-A arm a whole one, and a confirmation three (a replicate, a control
+    replicate, and whichever of control and winner the mainline leaves): a race whose winner could not then
+    be confirmed would buy nothing but discarded tokens."""
     cost = full // 2 if racing else full
     k = n
-    while k and not fits(k * cost + aa_due * full + (3 * full if confirms else 0)):
+    while k and not fits(k * cost + aa_due * full, 3 * full if confirms else 0):
         k -= 1
     return k
 
@@ -60,16 +60,13 @@ def trial(
         cfg.gate.aa_control == "round" or (cfg.gate.aa_control == "promotion" and head.aa_due)
     )
     full, confirms = per_step * steps, cfg.gate.statistic == "two_stage"
-    k = race_size(
-        len(survivors), full, bool(cfg.loop.race_checkpoints), aa_due, confirms, lambda x: _within_share(ctx, kept, x)
-    )
-    note = "" if k == len(survivors) else f"{k} of {len(survivors)} candidate(s) within loop.max_trial_share"
+    k, note = _affordable(ctx, kept, len(survivors), full, aa_due, confirms)
     aa_due = aa_due and k > 0
     n_arms = 1 + k + aa_due + (2 if k and confirms else 0)  # with the confirmation's two
     if cap := over_budget(cfg, ctx.ledger.spent(), Charge(per_step * steps * n_arms)):
-        return TrialResult(
-            arms=[], abandoned=f"budget.{cap} would be exceeded by {n_arms} arm(s) of {steps} steps", cap=cap
-        ), StageRecords()
+        # Seconds are not forecast (they depend on the machine): that cap is reached only once spent.
+        why = "spent" if cap == "seconds" else f"would be exceeded by {n_arms} arm(s) of {steps} steps"
+        return TrialResult(arms=[], abandoned=f"budget.{cap} {why}", cap=cap), StageRecords()
     # Equal spend (loop.trial_unit tokens): every arm trains to the tokens trial_steps of the segment's steps
     # generated, at most 4 x trial_steps steps, and the race reads the arms at equal fractions of them.
     target = full if cfg.loop.trial_unit == "tokens" else 0
@@ -101,6 +98,18 @@ def trial(
         branches=[BranchRecord.of(a, rnd, parent, head.suite.version, seeds[a.branch]) for a in arms],
         charges={a.branch: arm_charge(a) for a in arms},
     )
+
+
+def _affordable(ctx: RunContext, kept: set[str], n: int, full: int, aa_due: bool, confirms: bool) -> tuple[int, str]:
+    """How many of the round's `n` candidates race (race_size under the paced share), and a note when fewer."""
+    racing = bool(ctx.cfg.loop.race_checkpoints)
+    k = race_size(n, full, racing, aa_due, confirms, _fits(ctx, kept, paced=True))
+    if k == n:
+        return k, ""
+    note = f"{k} of {n} candidate(s) within loop.max_trial_share"
+    if k < (whole := race_size(n, full, racing, aa_due, confirms, _fits(ctx, kept, paced=False))):
+        note += f" as paced by loop.trial_phases={ctx.cfg.loop.trial_phases} ({whole} within the whole share)"
+    return k, note
 
 
 def _specs(
@@ -159,17 +168,32 @@ def _finalist(
     if j is None:
         return None, note
     losers = sum(a.generated_tokens + a.eval_tokens for i, a in enumerate(raced, 1) if i != j)
-    if not _within_share(ctx, kept, confirm_tokens + losers):
+    if not _fits(ctx, kept, paced=False)(0, confirm_tokens + losers):
         return None, "; ".join(x for x in (note, "the confirmation would pass loop.max_trial_share") if x)
     return j, note
 
 
-def _within_share(ctx: RunContext, kept: set[str], extra: int) -> bool:
-    """Whether `extra` more discarded tokens keep the arms that end discarded within loop.max_trial_share of
-    the token budget. Without a token budget there is no total to take a share of: a share of the spend
-    so far would forbid every confirmable trial in the early rounds (round 1 has spent one segment), so
-    the share does not bind and the other budgets bound the trials."""
-    if not ctx.cfg.budget.generated_tokens:
-        return True
-    s = spend(ctx.ledger, kept)
-    return s.tokens_discarded + extra <= ctx.cfg.loop.max_trial_share * ctx.cfg.budget.generated_tokens
+def _fits(ctx: RunContext, kept: set[str], paced: bool):
+    """`fits(race, confirm)`: whether a race of `race` more discarded tokens, with `confirm` kept back for the
+    confirmation its winner would need, keeps the arms that end discarded within loop.max_trial_share of the
+    token budget, the race paced over loop.trial_phases (`paced`; a confirmation is never paced: a race the
+    round started may always be confirmed within the whole share). Without a token budget there is no total
+    to take a share of: a share of the spend so far would forbid every confirmable trial in the early rounds
+    (round 1 has spent one segment), so the share does not bind and the other budgets bound the trials."""
+    cfg = ctx.cfg
+    cap = cfg.budget.generated_tokens
+
+    def fits(race: int, confirm: int) -> bool:
+        if not cap:
+            return True
+        left = race_allowance(
+            cfg.loop.max_trial_share * cap,
+            spend(ctx.ledger, kept).tokens_discarded,
+            confirm,
+            ctx.ledger.spent().generated_tokens,
+            cap,
+            cfg.loop.trial_phases if paced else 1,
+        )
+        return race <= left
+
+    return fits

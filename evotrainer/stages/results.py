@@ -201,12 +201,31 @@ class RememberResult(Record):
     skills: list[dict[str, Any]]
 
 
+class Stop(Record):
+    """Why the run stops ("": it goes on), and the budget cap that stopped it ("" when none did)."""
+
+    reason: str = ""
+    cap: str = ""
+
+
 class FinalResult(Record):
     accuracy: float
     evaluator_hash: str
     head: Mainline
     stop_reason: str
     rounds: int
+    cut_by_seconds: bool = False
+    """budget.seconds, a safety net, ended the run before the budget that decides (tokens, rounds) did: its
+    decisions are a shorter run's, and depend on the machine's speed. False in ledgers from before it was
+    recorded."""
+
+
+def seconds_cut_note(rounds: int) -> str:
+    """What a run that budget.seconds cut says at its end, in `evotrainer status` and in the report."""
+    return (
+        f"CUT SHORT by budget.seconds, a safety net, after {rounds} round(s): the decisions are those of a shorter "
+        "run and depend on this machine's speed; raise budget.seconds to let the token budget decide"
+    )
 
 
 # The model of each stage's result, by stage name (`train` is the segment's ArmResult).

@@ -1,7 +1,7 @@
 """What a run spent on arms that end discarded: every branch off the mainline's lineage (race losers,
 confirmations, A-A arms, the control or the winner the mainline did not continue from, a rolled-back
 segment). summary.json, `evotrainer status` and the report give it as discarded_step_share and
-discarded_token_share; the trial stage keeps it under loop.max_trial_share."""
+discarded_token_share; the trial stage keeps it under loop.max_trial_share, paced over loop.trial_phases."""
 
 from __future__ import annotations
 
@@ -64,3 +64,18 @@ def spend(ledger: Ledger, kept: set[str], undecided: frozenset[str] = frozenset(
         if b["id"] not in kept:
             steps_d, toks_d = steps_d + n, toks_d + t
     return Spend(steps, steps_d, toks, toks_d)
+
+
+def race_allowance(share: float, discarded: int, reserve: int, spent: int, budget: int, phases: int) -> float:
+    """Tokens a round's race may take now: the trial share (`share` tokens) less what discarded arms took and
+    the `reserve` a race's winner would need for its confirmation, paced over `phases` equal parts of the
+    token budget. What is left is spread evenly over the tokens left in the run, and the part the run is in
+    may take all of its own: (tokens left in this part) / (tokens left in the run) of it. A part that does not
+    spend its portion leaves it to the later ones; the last part (and one part: no pacing) may take it all.
+    Unpaced, the early rounds raced until the share was gone and later rounds only trained the mainline,
+    while the paper's premise is that bottlenecks shift as the policy learns."""
+    pool = share - discarded - reserve
+    if pool <= 0 or spent >= budget:
+        return float(pool)
+    part_end = min(phases, spent * phases // budget + 1) * budget / phases
+    return pool * (part_end - spent) / (budget - spent)

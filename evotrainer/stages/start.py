@@ -26,7 +26,7 @@ from evotrainer.proposers.heuristic import HeuristicProposer
 from evotrainer.proposers.proposer import Proposer
 from evotrainer.skills.library import SkillLibrary, library_dir
 from evotrainer.stages.context import RunContext, StageRecords, split_heldout
-from evotrainer.stages.results import BranchRecord, FinalResult, GateResult, Mainline, StartResult
+from evotrainer.stages.results import BranchRecord, FinalResult, GateResult, Mainline, StartResult, Stop
 from evotrainer.stages.retention import disk_use
 from evotrainer.stages.spend import lineage, spend
 from evotrainer.store.ledger import Charge, Ledger
@@ -61,15 +61,15 @@ def over_budget(cfg: RunConfig, spent: Charge, extra: Charge = Charge()) -> str 
     return None
 
 
-def stop_before(ctx: RunContext, rnd: int) -> str:
-    """Why the run stops before round `rnd` ("" to go on). The budget is checked only before a round's
-    first stage: a resumed round must not stop where the original went on."""
+def stop_before(ctx: RunContext, rnd: int) -> Stop:
+    """Why the run stops before round `rnd` (an empty reason to go on). The budget is checked only before a
+    round's first stage: a resumed round must not stop where the original went on."""
     cfg = ctx.cfg
     if cfg.loop.max_rounds and rnd > cfg.loop.max_rounds:
-        return f"loop.max_rounds={cfg.loop.max_rounds}"
+        return Stop(reason=f"loop.max_rounds={cfg.loop.max_rounds}")
     if ctx.ledger.stage_result(rnd, "train") is None and (cap := over_budget(cfg, ctx.ledger.spent())):
-        return f"budget.{cap} spent"
-    return ""
+        return Stop(reason=f"budget.{cap} spent", cap=cap)
+    return Stop()
 
 
 def make_proposer(cfg: RunConfig, ledger: Ledger, run_dir: Path) -> Proposer:
@@ -225,7 +225,7 @@ def start(ctx: RunContext, say: Any) -> tuple[StartResult, StageRecords]:
     )
 
 
-def final(ctx: RunContext, head: Mainline, stop_reason: str, rounds: int) -> tuple[FinalResult, StageRecords]:
+def final(ctx: RunContext, head: Mainline, stop: Stop, rounds: int) -> tuple[FinalResult, StageRecords]:
     """The one read of the final tasks, by the mainline's last checkpoint."""
     cfg = ctx.cfg
     policy = HFPolicy.load(head.checkpoint, lora_rank=cfg.policy.lora_rank, placement=placement(cfg.policy))
@@ -241,7 +241,12 @@ def final(ctx: RunContext, head: Mainline, stop_reason: str, rounds: int) -> tup
     )
     return (
         FinalResult(
-            accuracy=ev.accuracy, evaluator_hash=ev.evaluator_hash, head=head, stop_reason=stop_reason, rounds=rounds
+            accuracy=ev.accuracy,
+            evaluator_hash=ev.evaluator_hash,
+            head=head,
+            stop_reason=stop.reason,
+            rounds=rounds,
+            cut_by_seconds=stop.cap == "seconds",
         ),
         StageRecords(charges={"eval": Charge(sum(e.action_tokens for e in ev.episodes))}),
     )
@@ -260,6 +265,8 @@ def summary(ctx: RunContext, started: StartResult, done: FinalResult) -> dict[st
         "run": ctx.cfg.run.name,
         "rounds": done.rounds,
         "stop_reason": done.stop_reason,
+        # budget.seconds (a safety net) ended the run before the budget that decides did.
+        "cut_by_seconds": done.cut_by_seconds,
         "baseline_accuracy": started.final_accuracy,
         "warm_start_seconds": round(started.warm_start_seconds, 1),
         "final_accuracy": done.accuracy,

@@ -175,6 +175,7 @@ def train_run(cfg: RunConfig, console: Console | None = None, overwrite: bool = 
 
         step = run_steps(trainer, domain, pool, ctx, 1, cfg.train.steps, store, cfg.eval.audit_fraction, {}, after)
     rl_seconds = time.perf_counter() - t0
+    cut = step < cfg.train.steps  # only the time cap stops training before train.steps
     trainer.save(run_dir / "checkpoints" / BRANCH)
     with progress_bar(console) as progress:
         after = evaluate(policy, domain, heldout, cfg.eval, progress)
@@ -185,6 +186,7 @@ def train_run(cfg: RunConfig, console: Console | None = None, overwrite: bool = 
         "run": cfg.run.name,
         "steps": step,
         "rl_seconds": round(rl_seconds, 1),
+        "cut_by_seconds": cut,
         "accuracy_before": before.accuracy,
         "accuracy_after": after.accuracy,
         "evaluator_hash": after.evaluator_hash,
@@ -193,8 +195,19 @@ def train_run(cfg: RunConfig, console: Console | None = None, overwrite: bool = 
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     tracking.finish([run_dir / "summary.json"])
-    console.print(
-        f"held-out accuracy after {step} RL steps ({rl_seconds:.0f}s): [bold]{after.accuracy:.3f}[/] "
-        f"(before: {before.accuracy:.3f}, change {after.accuracy - before.accuracy:+.3f})"
-    )
+    _tell_end(console, cfg, summary)
     return summary
+
+
+def _tell_end(console: Console, cfg: RunConfig, s: dict) -> None:
+    """The run's last lines: a cut by the time cap first (its length was the machine's, not train.steps'),
+    then the held-out accuracy after against before."""
+    if s["cut_by_seconds"]:
+        console.print(
+            f"[bold red]CUT SHORT by train.max_seconds ({cfg.train.max_seconds:.0f} s, a safety net) after "
+            f"{s['steps']} of {cfg.train.steps} steps: raise it to let train.steps decide[/]"
+        )
+    console.print(
+        f"held-out accuracy after {s['steps']} RL steps ({s['rl_seconds']:.0f}s): [bold]{s['accuracy_after']:.3f}[/] "
+        f"(before: {s['accuracy_before']:.3f}, change {s['accuracy_after'] - s['accuracy_before']:+.3f})"
+    )

@@ -137,7 +137,10 @@ def group_size(samples: Sequence[Sample]) -> int:
 
 def open_run(run_dir: Path, harness: Harness, overwrite: bool) -> RolloutStore:
     """A new run directory with the harness the rollouts were scored under: config.yaml holds the run's name and
-    that harness (what `harness show` and `backtest` read). A used directory is refused unless `overwrite`."""
+    that harness (what `harness show` and `backtest` read). A used directory is refused unless `overwrite`: two
+    runs' rollouts in one store would read as one run."""
+    if not overwrite and run_dir.is_dir() and any(run_dir.iterdir()):
+        raise UserError(f"--run {run_dir}: already holds a run; name another run directory, or pass --overwrite")
     claim_run_dir(run_dir, overwrite)
     run_dir.mkdir(parents=True, exist_ok=True)
     config = {

@@ -101,7 +101,8 @@ class DiagnosticsCallback(TrainerCallback):
         self._last_batch, step = batch, state.global_step
         metrics = {k: float(v) for k, v in logs.items() if isinstance(v, int | float) and k not in ("epoch", "step")}
         samples = samples_from_table(table, list(self.trainer.reward_func_names))
-        rollouts = trl_step(self.run_dir.name, step, samples, self.harness, self._tokenizer(), metrics)
+        cap = args.max_completion_length
+        rollouts = trl_step(self.run_dir.name, step, samples, self.harness, self._tokenizer(), metrics, cap)
         write_step(self.store, rollouts, metrics, self.run_dir.name, step)
         self.steps.append(step)
         self.rollouts += len(rollouts)

@@ -163,10 +163,12 @@ def trl_step(
     harness: Harness,
     tokenizer: Any | None,
     metrics: dict[str, float],
+    cap: int | None,
 ) -> list[Rollout]:
-    """One logged generation batch as rollouts: token counts re-encoded, terminations by TRL's clipped share."""
+    """One logged generation batch as rollouts: token counts re-encoded, terminations by TRL's clipped share (else
+    by the cap, where known)."""
     tokens = token_counts([s.completion for s in samples], tokenizer)
-    ends = terminations(tokens, harness.sampling.max_completion_length, metrics.get("completions/clipped_ratio"))
+    ends = terminations(tokens, cap, metrics.get("completions/clipped_ratio"))
     return step_rollouts(run, step, samples, tokens, ends, harness)
 
 
@@ -220,7 +222,7 @@ def import_trl(
     store = open_run(run_dir, harness, overwrite)
     count = 0
     for step, samples in sorted(batches.items()):
-        rollouts = trl_step(run_dir.name, step, samples, harness, tok, metrics.get(step, {}))
+        rollouts = trl_step(run_dir.name, step, samples, harness, tok, metrics.get(step, {}), cap)
         write_step(store, rollouts, metrics.get(step), run_dir.name, step)
         count += len(rollouts)
     record = ImportRecord(

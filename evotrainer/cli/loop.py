@@ -16,7 +16,7 @@ import typer
 from rich.live import Live
 from rich.table import Table
 
-from evotrainer.cli.common import console, err, loop_dir, parse_overrides
+from evotrainer.cli.common import console, err, loop_dir, parse_overrides, run_dir
 from evotrainer.config import load_config
 from evotrainer.errors import UserError
 from evotrainer.store.checkpoints import human
@@ -227,8 +227,13 @@ def status(
             live.update(state.table(run.name))
 
 
-def report(run: Path = typer.Argument(..., help="Run directory of a loop run")) -> None:
-    """Write the run's self-contained HTML report (lineage, metrics, findings, verdicts, skills)."""
+def report(run: Path = typer.Argument(..., help="Run directory (a loop run, a train run or an imported one)")) -> None:
+    """Write the run's self-contained HTML report: a loop run's lineage, metrics, findings, verdicts and skills;
+    another run's step metrics and findings with their evidence rollouts."""
     from evotrainer.report import write_report
+    from evotrainer.report.single import write_run_report
 
-    console.print(f"wrote {write_report(loop_dir(run))}")
+    if (run / "ledger.sqlite").exists():
+        console.print(f"wrote {write_report(run)}")
+    else:
+        console.print(f"wrote {write_run_report(run_dir(run))}")

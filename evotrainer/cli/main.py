@@ -6,7 +6,7 @@ import typer
 from rich.markup import escape
 
 from evotrainer import __version__
-from evotrainer.cli import harness, loop, skills, train
+from evotrainer.cli import harness, imports, loop, skills, train
 from evotrainer.cli.common import err
 from evotrainer.errors import UserError
 
@@ -27,6 +27,7 @@ for name, fn in (
 ):
     app.command(name)(fn)
 app.add_typer(harness.harness_app, name="harness")
+app.add_typer(imports.import_app, name="import")
 
 
 def _version(value: bool) -> None:

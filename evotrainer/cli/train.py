@@ -34,11 +34,17 @@ def eval_(run: Path = typer.Argument(..., help="Run directory")) -> None:
     """Evaluate the run's latest checkpoint on the held-out tasks (evaluator-owned)."""
     from evotrainer.envs.registry import make_domain
     from evotrainer.evaluation import evaluate
+    from evotrainer.integrations.imported import imported
     from evotrainer.policies import placement
     from evotrainer.policies.hf import HFPolicy
     from evotrainer.training.run import BRANCH, progress_bar, seed_everything
 
-    cfg = load_config(run_dir(run) / "config.yaml")
+    if source := imported(run_dir(run)):
+        raise UserError(
+            f"{run}: imported from {source.source_format} ({source.source}): no checkpoint or evaluator of ours to "
+            "evaluate; diagnose, rollouts, backtest and report read it"
+        )
+    cfg = load_config(run / "config.yaml")
     ckpt = run / "checkpoints" / BRANCH
     if not ckpt.exists():
         raise UserError(f"{run}: no checkpoint yet ({ckpt}); the run has not finished a step")

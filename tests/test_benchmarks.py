@@ -156,7 +156,7 @@ def test_a_cell_is_written_whole_with_its_manifest_and_then_read_back(tmp_path, 
         accuracy=0.25, outcomes={"t1": True, "t2": False, "t3": False, "t4": False}, evaluator_hash="e-x"
     )
     monkeypatch.setattr(cells, "loop_arm", loop_arm)
-    monkeypatch.setattr(cells, "read_tasks", lambda cfg: ["t1", "t2", "t3", "t4"])
+    monkeypatch.setattr(cells, "read_tasks", lambda cfg, n: ["t1", "t2", "t3", "t4"])
     monkeypatch.setattr(cells, "make_domain", lambda cfg: None)
     monkeypatch.setattr(cells, "HFPolicy", SimpleNamespace(load=lambda path: path))
     monkeypatch.setattr(cells, "evaluate", lambda policy, domain, tasks, cfg: read)

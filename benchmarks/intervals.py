@@ -58,7 +58,10 @@ def seed_t_interval(per_seed: list[float]) -> SeedT:
     x, df = np.asarray(per_seed, dtype=float), len(per_seed) - 1
     if df < 1:
         return SeedT(ci_low=None, ci_high=None, df=df, per_seed=list(per_seed))
-    low, high = stats.t.interval(LEVEL, df, loc=x.mean(), scale=x.std(ddof=1) / np.sqrt(len(x)))
+    sd = x.std(ddof=1)
+    if sd == 0:  # every seed the same difference (scipy gives NaN): the interval is that point
+        return SeedT(ci_low=float(x.mean()), ci_high=float(x.mean()), df=df, per_seed=[float(v) for v in x])
+    low, high = stats.t.interval(LEVEL, df, loc=x.mean(), scale=sd / np.sqrt(len(x)))
     return SeedT(ci_low=float(low), ci_high=float(high), df=df, per_seed=[float(v) for v in x])
 
 

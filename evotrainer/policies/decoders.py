@@ -36,6 +36,8 @@ def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
 
 def own_decoder_fits(model: torch.nn.Module, capacity: int) -> bool:
     """Whether KVDecoder computes exactly what `model` computes, for sequences up to `capacity` tokens."""
+    if hasattr(model, "peft_config") and len({p.dtype for p in model.parameters()}) > 1:
+        return False  # float32 adapters on a bfloat16 base: peft casts between them inside its forward only
     model = unwrapped(model)
     cfg = getattr(model, "config", None)
     inner = getattr(model, "model", None)

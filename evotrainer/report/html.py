@@ -266,13 +266,18 @@ def _round(
             f"{r.start_accuracy:.3f} where the round started ({r.wins} won, {r.losses} lost, p {r.p:.3g} under phi "
             f"{r.phi:.2f}); the mainline rolled back to {_e(rej.rolled_back_to)}</p>"
         )
-    if (rem := results.get((rnd, "remember"))) and rem.skills:
-        parts.append(
-            "<p>skills: "
-            + "; ".join(
-                f"{_e(s['skill'])} ({s['wins']} won, {s['losses']} lost{', quarantined' if s['quarantined'] else ''})"
-                for s in rem.skills
-            )
-            + "</p>"
+    return parts + _skills(results.get((rnd, "remember")))
+
+
+def _skills(rem: Any) -> list[str]:
+    """The skills a round's verdicts touched."""
+    if not (rem and rem.skills):
+        return []
+    return [
+        "<p>skills: "
+        + "; ".join(
+            f"{_e(s['skill'])} ({s['wins']} won, {s['losses']} lost{', quarantined' if s['quarantined'] else ''})"
+            for s in rem.skills
         )
-    return parts
+        + "</p>"
+    ]

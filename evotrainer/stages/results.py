@@ -214,10 +214,12 @@ class FinalResult(Record):
     head: Mainline
     stop_reason: str
     rounds: int
-    cut_by_seconds: bool = False
-    """budget.seconds, a safety net, ended the run before the budget that decides (tokens, rounds) did: its
-    decisions are a shorter run's, and depend on the machine's speed. False in ledgers from before it was
-    recorded."""
+    cut_by_seconds: bool | None = None
+    """True when budget.seconds, a safety net, ended the run before the budget that decides (tokens, rounds) did:
+    its decisions are a shorter run's, and depend on the machine's speed. Written only then (None is not
+    written), so the records of runs it did not cut are what they were before it existed."""
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("cut_by_seconds",)
 
 
 def seconds_cut_note(rounds: int) -> str:

@@ -246,7 +246,7 @@ def final(ctx: RunContext, head: Mainline, stop: Stop, rounds: int) -> tuple[Fin
             head=head,
             stop_reason=stop.reason,
             rounds=rounds,
-            cut_by_seconds=stop.cap == "seconds",
+            cut_by_seconds=True if stop.cap == "seconds" else None,
         ),
         StageRecords(charges={"eval": Charge(sum(e.action_tokens for e in ev.episodes))}),
     )
@@ -266,7 +266,7 @@ def summary(ctx: RunContext, started: StartResult, done: FinalResult) -> dict[st
         "rounds": done.rounds,
         "stop_reason": done.stop_reason,
         # budget.seconds (a safety net) ended the run before the budget that decides did.
-        "cut_by_seconds": done.cut_by_seconds,
+        "cut_by_seconds": bool(done.cut_by_seconds),
         "baseline_accuracy": started.final_accuracy,
         "warm_start_seconds": round(started.warm_start_seconds, 1),
         "final_accuracy": done.accuracy,

@@ -302,6 +302,15 @@ def _entropy_thirds(w: Window) -> tuple[float, float] | None:
     return e0, e1
 
 
+def most_confident(w: Window) -> list[str]:
+    """The latest step's rollouts, most confident first (highest mean log-probability): what a collapse cites."""
+    return ids(
+        w,
+        "SELECT id FROM rollout_stats WHERE step = (SELECT max(step) FROM rollout_stats) AND mean_logprob IS NOT NULL "
+        "ORDER BY mean_logprob DESC, id",
+    )
+
+
 def entropy_collapse(w: Window) -> list[Finding]:
     """Token entropy near zero and still falling: the policy samples (almost) one answer per prompt,
     so groups stop disagreeing and exploration ends. Clip-higher or a higher temperature reopen it."""
@@ -309,11 +318,7 @@ def entropy_collapse(w: Window) -> list[Finding]:
     e = _entropy_thirds(w)
     if e is None or e[1] >= p["min_entropy"] or e[1] >= e[0]:
         return []
-    ev = ids(
-        w,
-        "SELECT id FROM rollout_stats WHERE step = (SELECT max(step) FROM rollout_stats) AND mean_logprob IS NOT NULL "
-        "ORDER BY mean_logprob DESC, id",
-    )
+    ev = most_confident(w)
     return [
         finding(
             w,

@@ -4,7 +4,7 @@ tokens' log-probability near 0) while the outcome stays low; thresholds come fro
 
 from __future__ import annotations
 
-from evotrainer.diagnostics.builtin import Thirds, thirds
+from evotrainer.diagnostics.builtin import Thirds, most_confident, thirds
 from evotrainer.diagnostics.detector import Finding, Window, finding, ids
 
 # The outcome of a rollout: the domain's correctness term where it stores one, else the audit where it ran.
@@ -120,11 +120,7 @@ def logprob_collapse(w: Window) -> list[Finding]:
     outcome = _late_outcome(w, t)
     if late <= p["max_logprob"] or late - early < p["min_rise"] or outcome is None or outcome >= p["ceiling"]:
         return []
-    ev = ids(
-        w,
-        "SELECT id FROM rollout_stats WHERE step = (SELECT max(step) FROM rollout_stats) AND mean_logprob IS NOT NULL "
-        "ORDER BY mean_logprob DESC, id",
-    )
+    ev = most_confident(w)
     return [
         finding(
             w,

@@ -39,7 +39,7 @@ from evotrainer.backtest import gate
 from evotrainer.backtest.statistics import Pair, noise_of
 from evotrainer.backtest.trial import ArmResult, ArmSpec, run_arm
 from evotrainer.config import RunConfig, load_config
-from evotrainer.envs.registry import make_domain
+from evotrainer.envs.registry import make_domain, warm_start_key
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.interventions import Hypothesis, Intervention
 from evotrainer.policies import load_policy
@@ -70,7 +70,9 @@ class Cells:
         )
         base = work / "checkpoints" / "base"
         if not (base / "optimizer.pt").exists():
-            GRPOTrainer(load_policy(cfg, domain), cfg.harness).save(base)
+            GRPOTrainer(load_policy(cfg.policy, domain, cfg.run.seed, warm_start_key(cfg, domain)), cfg.harness).save(
+                base
+            )
         self.base = base
         self.marks = checkpoints(cfg.loop.trial_steps, cfg.loop.race_checkpoints)
 

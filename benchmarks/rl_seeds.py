@@ -30,7 +30,7 @@ from evotrainer.backtest.executors import ProcessExecutor, SerialExecutor
 from evotrainer.backtest.statistics import bootstrap
 from evotrainer.backtest.trial import ArmResult, ArmSpec
 from evotrainer.config import RunConfig, load_config
-from evotrainer.envs.registry import make_domain
+from evotrainer.envs.registry import make_domain, warm_start_key
 from evotrainer.evaluation import EvalResult, evaluate
 from evotrainer.policies import load_policy
 from evotrainer.training.grpo import GRPOTrainer
@@ -48,7 +48,7 @@ def train_seeds(
     domain = make_domain(cfg)
     heldout = domain.tasks("heldout")
     base = run_dir / "checkpoints" / "base"
-    policy = load_policy(cfg, domain)
+    policy = load_policy(cfg.policy, domain, cfg.run.seed, warm_start_key(cfg, domain))
     GRPOTrainer(policy, cfg.harness).save(base)
     before = evaluate(policy, domain, heldout, cfg.eval)
     spec = ArmSpec(

@@ -16,8 +16,9 @@ import torch
 from rich.progress import Progress
 
 from evotrainer import sandbox, types
-from evotrainer.config import EvalSection, RunConfig
+from evotrainer.config import EvalSection
 from evotrainer.envs.env import Domain, audit_verdict
+from evotrainer.harness.harness import Harness
 from evotrainer.harness.rewards import score
 from evotrainer.policies import decoders, hf
 from evotrainer.policies.hf import HFPolicy
@@ -146,10 +147,10 @@ def evaluate(
 
 
 def record_eval(
-    store: RolloutStore, cfg: RunConfig, domain: Domain, result: EvalResult, step: int, ctx: StepContext
+    store: RolloutStore, h: Harness, domain: Domain, result: EvalResult, step: int, ctx: StepContext
 ) -> None:
-    """Held-out rollouts go to the store too, with their audit outcome, so findings can cite them."""
-    h = cfg.harness
+    """Held-out rollouts go to the store too, with their audit outcome (scored under harness `h`'s terms), so
+    findings can cite them."""
     scored = [score(h, domain, ep.task, ep.turns, ep.info, ep.termination) for ep in result.episodes]
     audits = [result.outcomes.get(ep.task.id) for ep in result.episodes]
     store.append(

@@ -41,19 +41,19 @@ def _test_cache(tmp_path_factory):
 @pytest.fixture(scope="session")
 def math_setup(tmp_path_factory, _test_cache):
     """(config, domain, warm-started policy) for one-digit sums; built once per session."""
-    from evotrainer.envs.registry import make_domain
+    from evotrainer.envs.registry import make_domain, warm_start_key
     from evotrainer.policies import load_policy
 
     cfg = small_config(tmp_path_factory.mktemp("math"))
     domain = make_domain(cfg)
-    return cfg, domain, load_policy(cfg, domain, log=lambda *_: None)
+    return cfg, domain, load_policy(cfg.policy, domain, cfg.run.seed, warm_start_key(cfg, domain), log=lambda *_: None)
 
 
 @pytest.fixture(scope="session")
 def digits_setup(tmp_path_factory, _test_cache):
-    from evotrainer.envs.registry import make_domain
+    from evotrainer.envs.registry import make_domain, warm_start_key
     from evotrainer.policies import load_policy
 
     cfg = small_config(tmp_path_factory.mktemp("digits"), "digits")
     domain = make_domain(cfg)
-    return cfg, domain, load_policy(cfg, domain, log=lambda *_: None)
+    return cfg, domain, load_policy(cfg.policy, domain, cfg.run.seed, warm_start_key(cfg, domain), log=lambda *_: None)

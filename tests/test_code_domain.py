@@ -23,7 +23,7 @@ from evotrainer.diagnostics.window import open_window
 from evotrainer.envs.code import tasks as ct
 from evotrainer.envs.code.domain import DRIVER, CodeDomain, hardcoded_fraction
 from evotrainer.envs.env import audit_verdict, check_env
-from evotrainer.envs.registry import make_domain
+from evotrainer.envs.registry import make_domain, warm_start_key
 from evotrainer.errors import ConfigError
 from evotrainer.store.rollouts import RolloutStore
 from evotrainer.types import Rollout, Task, Turn
@@ -135,7 +135,6 @@ def test_demonstrations_are_mostly_correct_some_hardcoded(domain):
 
 def test_demonstration_recipe_is_in_the_warm_start_cache_key(tmp_path, monkeypatch):
     from evotrainer.envs.code.domain import CodeDomain
-    from evotrainer.envs.registry import warm_start_key
 
     cfg = code_config(tmp_path)
     domain = make_domain(cfg)
@@ -233,7 +232,7 @@ def test_execution_results_land_on_stored_rollouts(tmp_path):
     cfg = code_config(tmp_path)
     d = make_domain(cfg)
     check_terms(cfg.harness, d)  # the default harness (correct + format) fits the code domain
-    policy = load_policy(cfg, d, log=lambda *_: None)
+    policy = load_policy(cfg.policy, d, cfg.run.seed, warm_start_key(cfg, d), log=lambda *_: None)
     store = RolloutStore(tmp_path / "store")
     m = train_step(
         GRPOTrainer(policy, cfg.harness),

@@ -141,7 +141,7 @@ def _brief(cfg, run_dir: Path, limit: int = 2) -> Brief:
 
 def _proposer(cfg, fake: FakeLLM, run_dir: Path, **llm) -> LLMProposer:
     c = cfg.model_copy(update={"llm": cfg.llm.model_copy(update={"base_url": fake.url, **llm})})
-    return LLMProposer.from_config(c, run_dir=run_dir)
+    return LLMProposer.from_config(c.llm, run_dir, c.run.seed)
 
 
 # -- malformed output ------------------------------------------------------------------------------------------------
@@ -395,17 +395,17 @@ def test_a_bad_endpoint_is_a_config_error_before_the_run_directory_exists(tmp_pa
     base = {"loop": {"max_rounds": 1, "proposer": "llm", "skills_dir": str(tmp_path / "skills")}}
     cfg = small_config(tmp_path, llm={"base_url": f"http://127.0.0.1:{_closed_port()}/v1", "model": MODEL}, **base)
     with pytest.raises(ConfigError, match="cannot reach"):
-        check_endpoint(cfg)
+        check_endpoint(cfg.llm)
     fake = FakeLLM(models=("other-model",))
     try:
         with pytest.raises(ConfigError, match="'scripted-model' is not served.*other-model"):
             LLMProposer.from_config(
-                small_config(tmp_path, llm={"base_url": fake.url, "model": MODEL}, **base), run_dir=tmp_path / "x"
+                small_config(tmp_path, llm={"base_url": fake.url, "model": MODEL}, **base).llm, tmp_path / "x", 0
             )
     finally:
         fake.close()
     with pytest.raises(ConfigError, match="llm.base_url: not set"):
-        LLMProposer.from_config(small_config(tmp_path, **base), run_dir=tmp_path / "x")
+        LLMProposer.from_config(small_config(tmp_path, **base).llm, tmp_path / "x", 0)
     assert not (tmp_path / "x").exists()
     with pytest.raises(ConfigError, match="cannot reach"):
         run_loop(cfg, QUIET)
@@ -532,7 +532,7 @@ def test_the_brief_of_a_swe_run_with_tampering_holds_the_tampering_trajectory_in
     fake = FakeLLM(['{"interventions": []}'])
     try:
         cfg = small_config(tmp_path, llm={"base_url": fake.url, "model": MODEL})
-        LLMProposer.from_config(cfg, run_dir=tmp_path / "run").propose(brief)
+        LLMProposer.from_config(cfg.llm, tmp_path / "run", cfg.run.seed).propose(brief)
     finally:
         fake.close()
     sent = fake.prompt()

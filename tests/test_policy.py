@@ -6,7 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from evotrainer.config import parse_config
-from evotrainer.envs.registry import make_domain
+from evotrainer.envs.registry import make_domain, warm_start_key
 from evotrainer.policies import load_policy
 from evotrainer.policies.decoders import SharedPrefixDecoder
 from evotrainer.policies.hf import HFPolicy
@@ -103,7 +103,7 @@ def test_local_model_directory_and_lora(tmp_path, math_setup):
     raw = cfg.model_dump(mode="json")
     raw["policy"] = {"kind": "hf", "path": str(model_dir), "lora_rank": 4}
     lora_cfg = parse_config(raw)
-    lora = load_policy(lora_cfg, make_domain(lora_cfg))
+    lora = load_policy(lora_cfg.policy, d := make_domain(lora_cfg), lora_cfg.run.seed, warm_start_key(lora_cfg, d))
     trainable = [n for n, p in lora.model.named_parameters() if p.requires_grad]
     assert trainable and all("lora" in n for n in trainable)
     ctx = contexts(domain, lora)
@@ -124,7 +124,6 @@ def test_local_model_directory_and_lora(tmp_path, math_setup):
 
 
 def test_warm_started_base_is_cached_by_recipe(math_setup):
-    from evotrainer.envs.registry import warm_start_key
     from evotrainer.policies.tiny import tiny_base
 
     cfg, domain, policy = math_setup
@@ -143,7 +142,6 @@ def test_warm_started_base_is_cached_by_recipe(math_setup):
 def test_building_a_warm_start_says_so_as_it_goes(math_setup, tmp_path):
     """With no progress bar (the loop, a log file) the warm start said nothing for minutes: a reader could not
     tell slow from stuck. It says what it builds, then its loss at every tenth of its steps."""
-    from evotrainer.envs.registry import warm_start_key
     from evotrainer.policies.tiny import tiny_base
 
     cfg, domain, _ = math_setup

@@ -111,6 +111,63 @@ def test_domain_folders_sit_below_the_config_the_suite_and_the_proposers():
             assert not up, f"{m} imports {up}"
 
 
+# The tiers of docs/design.md ("Tiers"), lowest first: a module imports only its own tier and those below. A
+# module belongs to the tier of the longest prefix that names it, so an aggregator (the suite, the revision, the
+# config, envs.registry) sits above the parts it gathers while its package's parts stay below.
+TIERS = (
+    ("types", "errors", "ids", "section", "records", "sandbox", "store"),
+    ("harness", "diagnostics"),
+    ("envs", "harness.rewards"),
+    ("config", "diagnostics.suite", "diagnostics.revision"),
+    ("envs.registry",),
+    ("policies", "training", "trackers", "evaluation", "backtest", "proposers", "skills"),
+    ("training.run", "trackers.forward", "integrations", "stages", "report", "loop", "cli", "testing", "experimental"),
+)
+# Below the drivers a module takes the sections it reads, not the whole RunConfig. These are the drivers' peers
+# that do read all of it: the bridge from a config to its domain, and an arm worker rebuilding its config.
+WHOLE_CONFIG = ("evotrainer.envs.registry", "evotrainer.backtest.trial")
+
+
+def tier(module: str) -> int:
+    rest = module.removeprefix("evotrainer.")
+    named = [(len(p), i) for i, t in enumerate(TIERS) for p in t if rest == p or rest.startswith(p + ".")]
+    return max(named)[1] if named else len(TIERS) - 1  # the package itself is the top
+
+
+def test_tier_reads_the_longest_prefix():
+    assert tier("evotrainer.diagnostics.detector") == 1
+    assert tier("evotrainer.diagnostics.suite") == 3
+    assert tier("evotrainer.training.run") == len(TIERS) - 1 > tier("evotrainer.training.grpo")
+
+
+def test_no_import_runs_back_up_the_tiers():
+    mods = modules()
+    up = [
+        f"{m} (tier {tier(m)}) imports {t} (tier {tier(t)})"
+        for m, f in sorted(mods.items())
+        for t in sorted(imports(m, f, set(mods)))
+        if tier(t) > tier(m)
+    ]
+    assert not up, "imports that run back up (docs/design.md, Tiers):\n" + "\n".join(up)
+
+
+def test_below_the_drivers_modules_take_sections_not_the_whole_config():
+    drivers = len(TIERS) - 1
+    whole = sorted(
+        m
+        for m, f in modules().items()
+        if tier(m) < drivers
+        and m not in ("evotrainer.config", *WHOLE_CONFIG)
+        and any(
+            isinstance(n, ast.ImportFrom)
+            and n.module == "evotrainer.config"
+            and any(a.name == "RunConfig" for a in n.names)
+            for n in ast.walk(ast.parse(f.read_text()))
+        )
+    )
+    assert not whole, f"{whole} import RunConfig: pass them the sections they read"
+
+
 def test_the_design_notes_layout_matches_the_tree():
     """docs/design.md's layout names every module of the package (a domain folder's own files aside: the folder
     is the unit there) and no module that is gone, so a clone's design notes describe the code it has."""

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from evotrainer.backtest.trial import ArmSpec, run_arm
 from evotrainer.config import RunConfig
-from evotrainer.envs.registry import make_domain
+from evotrainer.envs.registry import make_domain, warm_start_key
 from evotrainer.loop import run_loop
 from evotrainer.policies import load_policy
 from evotrainer.stages.results import FinalResult, PromoteResult, ProposeResult, ReplayResult, TrialResult, read_stage
@@ -33,7 +33,10 @@ def static_arm(cfg: RunConfig, tokens: int) -> dict[str, Any]:
     if not base.exists():  # the trainer saves a checkpoint whole or not at all
         seed_everything(cfg)
         domain = make_domain(cfg)
-        GRPOTrainer(load_policy(cfg, domain, log=lambda *_: None), cfg.harness).save(base)
+        GRPOTrainer(
+            load_policy(cfg.policy, domain, cfg.run.seed, warm_start_key(cfg, domain), log=lambda *_: None),
+            cfg.harness,
+        ).save(base)
     checkpoint, steps, gen = train_static(cfg, run_dir, str(base), tokens)
     return {"checkpoint": checkpoint, "steps": steps, "generated_tokens": gen, "promoted": [], "trajectory": []}
 

@@ -11,7 +11,7 @@ from multiprocessing import get_context
 from typing import Protocol
 
 from evotrainer.backtest.trial import ArmResult, ArmSpec, run_arm, run_arm_in_worker
-from evotrainer.config import RunConfig
+from evotrainer.config import LoopSection
 from evotrainer.errors import ConfigError
 
 Started = Callable[[ArmSpec], None]  # told when an arm starts (for `evotrainer status`)
@@ -63,18 +63,18 @@ def _ignore_interrupt() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def make_executor(cfg: RunConfig, log: Callable[[str], None] | None = None) -> Executor:
-    """The executor of `loop.executor`. For ray this joins the cluster (or starts a local node), so the
-    loop calls it before it writes the run directory: a missing extra or an unreachable cluster stops
-    the run with nothing written."""
-    if cfg.loop.executor == "ray":
+def make_executor(loop: LoopSection, threads: int, log: Callable[[str], None] | None = None) -> Executor:
+    """The executor of `loop.executor`, its process workers at `threads` torch threads each (`run.threads`).
+    For ray this joins the cluster (or starts a local node), so the loop calls it before it writes the run
+    directory: a missing extra or an unreachable cluster stops the run with nothing written."""
+    if loop.executor == "ray":
         try:
             from evotrainer.backtest.ray_executor import RayExecutor  # the ray extra: imported only when asked for
         except ImportError as e:
             if not (e.name or "").startswith("ray"):
                 raise
             raise ConfigError("loop.executor: ray needs the ray extra: pip install 'evotrainer[ray]'") from None
-        return RayExecutor(cfg.loop.ray_cpus_per_arm, cfg.loop.ray_gpus_per_arm)
-    if cfg.loop.executor == "process":
-        return ProcessExecutor(cfg.loop.workers, cfg.run.threads)
+        return RayExecutor(loop.ray_cpus_per_arm, loop.ray_gpus_per_arm)
+    if loop.executor == "process":
+        return ProcessExecutor(loop.workers, threads)
     return SerialExecutor(log)

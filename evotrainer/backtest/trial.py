@@ -129,7 +129,7 @@ def _train_and_read(spec: ArmSpec, cfg: RunConfig, h: Harness, domain, log: Call
     win), then save it and evaluate it on the gate tasks."""
     store = RolloutStore(Path(spec.run_dir) / "store")
     policy = HFPolicy.load(spec.start, lora_rank=cfg.policy.lora_rank, placement=placement(cfg.policy))
-    trainer = make_trainer(cfg, policy, domain, h, reference=spec.reference, start=spec.start)
+    trainer = make_trainer(cfg.train, policy, domain, h, reference=spec.reference, start=spec.start)
     rates_file = Path(spec.start) / PASS_RATES
     pass_rates = json.loads(rates_file.read_text()) if rates_file.is_file() else {}
     ctx = StepContext(run=cfg.run.name, branch=spec.branch, seed=spec.seed)
@@ -203,7 +203,7 @@ def _gate_tasks(domain, gate_ids: tuple[str, ...] | None) -> list:
 def _read(r: ArmResult, policy, domain, tasks: list, cfg: RunConfig, h: Harness, store, ctx, step: int) -> None:
     """The evaluator's outcomes of the arm's policy now, on the gate tasks (stored as held-out rollouts)."""
     ev = evaluate(policy, domain, tasks, cfg.eval)
-    record_eval(store, cfg.model_copy(update={"harness": h}), domain, ev, step, ctx)
+    record_eval(store, h, domain, ev, step, ctx)
     r.accuracy, r.outcomes, r.evaluator_hash = ev.accuracy, ev.outcomes, ev.evaluator_hash
     r.eval_tokens += sum(ep.action_tokens for ep in ev.episodes)
 

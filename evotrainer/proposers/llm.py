@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from evotrainer.config import LLMSection, RunConfig
+from evotrainer.config import LLMSection
 from evotrainer.diagnostics import agent
 from evotrainer.harness.interventions import Intervention
 from evotrainer.proposers.brief import check_isolation
@@ -41,15 +41,12 @@ class LLMProposer:
         self._spent = Charge()  # everything spent through this proposer: the cost cap without a ledger
 
     @classmethod
-    def from_config(
-        cls, cfg: RunConfig, ledger: Ledger | None = None, run_dir: str | Path | None = None
-    ) -> LLMProposer:
+    def from_config(cls, llm: LLMSection, run_dir: str | Path, seed: int, ledger: Ledger | None = None) -> LLMProposer:
         """Check the endpoint now (ConfigError if it is unset, unreachable, refuses the key or does not
         serve the model), so a bad endpoint stops the run at start-up and not in a round. Writes nothing."""
-        client = LLMClient.from_config(cfg.llm)
+        client = LLMClient.from_config(llm)
         client.check()
-        run_dir = Path(run_dir) if run_dir else Path(cfg.run.out_dir) / cfg.run.name
-        return cls(client, cfg.llm, run_dir, ledger, seed=cfg.run.seed)
+        return cls(client, llm, Path(run_dir), ledger, seed=seed)
 
     # -- propose ----------------------------------------------------------------------------------------------------
     def propose(self, brief: Brief) -> ProposerOutput:
@@ -339,9 +336,9 @@ def _reask(
     ]
 
 
-def check_endpoint(cfg: RunConfig) -> None:
+def check_endpoint(llm: LLMSection) -> None:
     """The start-up check alone (ConfigError), for callers that want it before writing anything."""
-    LLMClient.from_config(cfg.llm).check()
+    LLMClient.from_config(llm).check()
 
 
 # -- reading the model's output ---------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from evotrainer.backtest.executors import make_executor
 from evotrainer.backtest.verdict import read_verdicts
 from evotrainer.config import RunConfig, dump_config
 from evotrainer.diagnostics.suite import Suite
-from evotrainer.envs.registry import make_domain
+from evotrainer.envs.registry import make_domain, warm_start_key
 from evotrainer.errors import ConfigError, EvaluatorChanged
 from evotrainer.evaluation import evaluate, evaluator_identity, identity_hash, record_eval, what_changed
 from evotrainer.harness.harness import save_harness
@@ -76,7 +76,7 @@ def make_proposer(cfg: RunConfig, ledger: Ledger, run_dir: Path) -> Proposer:
     if cfg.loop.proposer == "llm":
         from evotrainer.proposers.llm import LLMProposer  # the client library is only needed with an LLM
 
-        return LLMProposer.from_config(cfg, ledger=ledger, run_dir=run_dir)
+        return LLMProposer.from_config(cfg.llm, run_dir, cfg.run.seed, ledger=ledger)
     return HeuristicProposer(seed=cfg.run.seed)
 
 
@@ -87,14 +87,14 @@ def open_run(cfg: RunConfig, resume: bool, accept_evaluator_change: bool = False
     check_report_to(cfg.run.report_to)
     domain = make_domain(cfg)
     check_terms(cfg.harness, domain)
-    check_trl(cfg, domain)
-    check_device(cfg)
+    check_trl(cfg.train, cfg.harness, domain)
+    check_device(cfg.policy, cfg.loop.executor)
     if not resume:  # a resumed run past its start loads checkpoints, not the model it started from
-        check_policy_path(cfg)
+        check_policy_path(cfg.policy)
     if cfg.loop.proposer == "llm":  # an endpoint that cannot be reached stops the run before anything is written
         from evotrainer.proposers.llm import check_endpoint
 
-        check_endpoint(cfg)
+        check_endpoint(cfg.llm)
     run_dir = Path(cfg.run.out_dir) / cfg.run.name
     ledger_path = run_dir / "ledger.sqlite"
     if ledger_path.exists() and not resume:
@@ -102,7 +102,8 @@ def open_run(cfg: RunConfig, resume: bool, accept_evaluator_change: bool = False
             f"run.name: {run_dir} already holds a loop run; `evotrainer resume {run_dir}` continues it, "
             "or choose another run.name"
         )
-    executor = make_executor(cfg, log=None)  # ray: a missing extra or cluster stops here, with nothing written
+    # ray: a missing extra or cluster stops here, with nothing written
+    executor = make_executor(cfg.loop, cfg.run.threads, log=None)
     run_dir.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(ledger_path)
     _check_identity(cfg, ledger, run_dir)
@@ -192,13 +193,13 @@ def start(ctx: RunContext, say: Any) -> tuple[StartResult, StageRecords]:
     cfg = ctx.cfg
     seed_everything(cfg)
     t0 = time.perf_counter()
-    policy = load_policy(cfg, ctx.domain, log=say)
+    policy = load_policy(cfg.policy, ctx.domain, cfg.run.seed, warm_start_key(cfg, ctx.domain), log=say)
     warm = time.perf_counter() - t0
     base = branch_id(0, "base")
     ckpt = ctx.run_dir / "checkpoints" / base
     GRPOTrainer(policy, cfg.harness).save(ckpt)
     ev = evaluate(policy, ctx.domain, ctx.heldout(ctx.final_ids), cfg.eval)
-    record_eval(ctx.store, cfg, ctx.domain, ev, 0, StepContext(cfg.run.name, base, cfg.run.seed))
+    record_eval(ctx.store, cfg.harness, ctx.domain, ev, 0, StepContext(cfg.run.name, base, cfg.run.seed))
     save_harness(ctx.run_dir, cfg.harness)
     suite = Suite.default()
     head = Mainline(branch=base, checkpoint=str(ckpt), harness=cfg.harness, suite=suite, step=0)
@@ -233,7 +234,7 @@ def final(ctx: RunContext, head: Mainline, stop: Stop, rounds: int) -> tuple[Fin
     expect_evaluator(ctx, "final", ev.evaluator_hash, "the final read")
     record_eval(
         ctx.store,
-        cfg.model_copy(update={"harness": head.harness}),
+        head.harness,
         ctx.domain,
         ev,
         head.step,

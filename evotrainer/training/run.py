@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from evotrainer.config import RunConfig, dump_config
-from evotrainer.envs.registry import make_domain
+from evotrainer.envs.registry import make_domain, warm_start_key
 from evotrainer.errors import ConfigError
 from evotrainer.evaluation import evaluate, record_eval
 from evotrainer.harness.harness import save_harness
@@ -129,9 +129,9 @@ def train_run(cfg: RunConfig, console: Console | None = None, overwrite: bool = 
     # Everything the config can get wrong is checked before the run directory is written.
     domain = make_domain(cfg)
     check_terms(cfg.harness, domain)
-    check_trl(cfg, domain)
-    check_policy_path(cfg)
-    check_device(cfg)
+    check_trl(cfg.train, cfg.harness, domain)
+    check_policy_path(cfg.policy)
+    check_device(cfg.policy, cfg.loop.executor)
     check_report_to(cfg.run.report_to)
     run_dir = Path(cfg.run.out_dir) / cfg.run.name
     claim_run_dir(run_dir, overwrite)
@@ -145,16 +145,18 @@ def train_run(cfg: RunConfig, console: Console | None = None, overwrite: bool = 
     tracking.start_arm(BRANCH, {"branch": BRANCH, "harness_version": cfg.harness.version, "kind": "train"})
     heldout, pool = domain.tasks("heldout"), domain.tasks("train")
     with progress_bar(console) as progress:
-        policy = load_policy(cfg, domain, progress=progress, log=console.print)
+        policy = load_policy(
+            cfg.policy, domain, cfg.run.seed, warm_start_key(cfg, domain), progress=progress, log=console.print
+        )
         seed_everything(cfg)
         before = evaluate(policy, domain, heldout, cfg.eval, progress)
-    record_eval(store, cfg, domain, before, 0, ctx)
+    record_eval(store, cfg.harness, domain, before, 0, ctx)
     tracking.log_metrics(BRANCH, 0, {"eval/accuracy": before.accuracy})
     console.print(
         f"held-out accuracy before RL: [bold]{before.accuracy:.3f}[/] "
         f"({len(heldout)} tasks, evaluator {before.evaluator_hash})"
     )
-    trainer = make_trainer(cfg, policy, domain, cfg.harness)
+    trainer = make_trainer(cfg.train, policy, domain, cfg.harness)
     t0, history = time.perf_counter(), []
     with progress_bar(console) as progress:
         bar = progress.add_task("RL", total=cfg.train.steps)
@@ -165,7 +167,7 @@ def train_run(cfg: RunConfig, console: Console | None = None, overwrite: bool = 
             progress.update(bar, advance=1, description=f"RL reward {m['reward']:.3f} entropy {m['entropy']:.2f}")
             if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.steps:
                 mid = evaluate(policy, domain, heldout, cfg.eval)
-                record_eval(store, cfg, domain, mid, step, ctx)
+                record_eval(store, cfg.harness, domain, mid, step, ctx)
                 tracking.log_metrics(BRANCH, step, {"eval/accuracy": mid.accuracy})
                 history.append({"step": step, "seconds": time.perf_counter() - t0, "accuracy": mid.accuracy})
                 progress.console.print(f"step {step}: held-out accuracy {mid.accuracy:.3f}")
@@ -179,7 +181,7 @@ def train_run(cfg: RunConfig, console: Console | None = None, overwrite: bool = 
     trainer.save(run_dir / "checkpoints" / BRANCH)
     with progress_bar(console) as progress:
         after = evaluate(policy, domain, heldout, cfg.eval, progress)
-    record_eval(store, cfg, domain, after, step, ctx)
+    record_eval(store, cfg.harness, domain, after, step, ctx)
     tracking.log_metrics(BRANCH, step, {"eval/accuracy": after.accuracy})
     history.append({"step": step, "seconds": rl_seconds, "accuracy": after.accuracy})
     summary = {

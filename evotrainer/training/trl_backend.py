@@ -18,7 +18,7 @@ from packaging.specifiers import SpecifierSet
 from torch.optim.lr_scheduler import LambdaLR
 from transformers import PrinterCallback, TrainerCallback
 
-from evotrainer.config import RunConfig
+from evotrainer.config import TrainSection
 from evotrainer.envs.env import Domain, audit_verdict
 from evotrainer.errors import ConfigError
 from evotrainer.harness.export import TRL_VERSIONS, export
@@ -60,17 +60,18 @@ def grpo_kwargs(h: Harness) -> dict[str, Any]:
     return {k: v for k, v in export(h, "trl").settings.items() if k not in _SCHEDULE}
 
 
-def check_trl(cfg: RunConfig, domain: Domain) -> None:
-    """Everything backend trl cannot run, refused before a run directory is written (a no-op for ours)."""
-    if cfg.train.backend != "trl":
+def check_trl(train: TrainSection, h: Harness, domain: Domain) -> None:
+    """Everything backend trl cannot run under harness `h`, refused before a run directory is written (a no-op
+    for ours)."""
+    if train.backend != "trl":
         return
-    check_harness(cfg.harness, domain)
-    if cfg.harness.loss.tis_cap is not None and not cfg.train.trl_args.get("use_vllm"):
+    check_harness(h, domain)
+    if h.loss.tis_cap is not None and not train.trl_args.get("use_vllm"):
         raise ConfigError(
             "harness.loss.tis_cap: TRL corrects the sampler's mismatch only when vLLM generates "
             "(train.trl_args.use_vllm); without it there is nothing to correct: set harness.loss.tis_cap to null"
         )
-    clash = sorted(set(cfg.train.trl_args) & (set(grpo_kwargs(cfg.harness)) | _OWN | _SCHEDULE))
+    clash = sorted(set(train.trl_args) & (set(grpo_kwargs(h)) | _OWN | _SCHEDULE))
     if clash:
         raise ConfigError(
             f"train.trl_args: {clash} are set from the harness or by the backend; change the harness knob instead"
@@ -351,7 +352,7 @@ class _Recorder(TrainerCallback):
 
 
 def make_trainer(
-    cfg: RunConfig,
+    train: TrainSection,
     policy: HFPolicy,
     domain: Domain,
     harness: Harness,
@@ -360,8 +361,8 @@ def make_trainer(
     start: str | Path | None = None,
 ) -> GRPOTrainer | TRLTrainer:
     """The configured backend's trainer, with the optimizer state of `start` when it has one."""
-    if cfg.train.backend == "trl":
-        return TRLTrainer(policy, harness, domain, reference=reference, start=start, trl_args=cfg.train.trl_args)
+    if train.backend == "trl":
+        return TRLTrainer(policy, harness, domain, reference=reference, start=start, trl_args=train.trl_args)
     trainer = GRPOTrainer(policy, harness, reference=reference)
     if start is not None:
         trainer.load_optimizer(start)

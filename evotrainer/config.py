@@ -107,6 +107,13 @@ class PolicySection(Section):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Dtype of the weights as loaded. `bfloat16` halves memory on GPUs; with `lora_rank` the adapters stay float32
     (peft's default), without it training is pure bfloat16 (no float32 master weights)."""
+    sample_dtype: Literal["bfloat16", "float16"] | None = None
+    """Dtype of a copy of the weights that samples the training rollouts (its trainable weights copied from the
+    trained ones before each batch); null samples with the weights themselves. `bfloat16` samples faster where the
+    hardware has it (GPUs; CPUs with AVX512-BF16 or AMX: about 1.3x on SmolLM2-135M, README "A pretrained model
+    offline"), at a price: the sampler's logprobs then differ from the trainer's (the `sampling/*` metrics; the
+    `sampling_mismatch` detector fires on them and its remedy is `harness.loss.tis_cap`, which corrects for it).
+    Held-out reads always use the trained weights, so the evaluator does not depend on this."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass instead of storing them: less memory for long sequences, about
     a third more compute per update."""
@@ -194,7 +201,7 @@ def _drop_other_domains_defaults(env: dict[str, Any]) -> dict[str, Any]:
 class TrainSection(Section):
     steps: int = Field(100, ge=0)
     """Optimizer steps of RL (`evotrainer train`; the loop's are loop.segment_steps and loop.trial_steps)."""
-    max_seconds: float = Field(300.0, gt=0)
+    max_seconds: float = Field(3600.0, gt=0)
     """Wall-clock cap of the RL phase of `evotrainer train` (the loop does not read it; budget.seconds is its
     cap): training stops after the step in flight, and the run says it was cut (summary.json cut_by_seconds).
     A safety net: set it well above what train.steps take, or the run's length depends on the machine."""

@@ -228,7 +228,8 @@ class SharedPrefixDecoder(KVDecoder):
         lse_prompt = top + total.log()
         lse = torch.logaddexp(lse_prompt, lse_own)
         o = o_prompt * torch.exp(lse_prompt - lse) + o_own * torch.exp(lse_own - lse)
-        return o.reshape(rows, self.heads, 1, self.head_dim)
+        # The fused kernel's log-sum-exp is float32 whatever the weights: back to theirs (a bfloat16 sampler).
+        return o.to(q.dtype).reshape(rows, self.heads, 1, self.head_dim)
 
     def _own(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, shape: tuple[int, ...]):
         """Attention over the rows' own tokens and its log-sum-exp, both in `shape` (rows, kv_heads, rep, .).

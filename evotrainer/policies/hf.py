@@ -3,6 +3,7 @@ logprobs, checkpoints, and optional LoRA through peft."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -78,6 +79,7 @@ class Placement:
     device: str = "cpu"
     dtype: str = "float32"
     gradient_checkpointing: bool = False
+    sample_dtype: str | None = None  # a low-precision copy samples the training rollouts (policy.sample_dtype)
 
     def torch_device(self) -> torch.device:
         """The device, checked: one this machine lacks is a ConfigError naming policy.device."""
@@ -117,6 +119,7 @@ class HFPolicy:
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
         self._stop_cache: dict[tuple[str, ...], torch.Tensor] = {}
+        self._sampler: torch.nn.Module | None = None  # the low-precision copy, made at the first fast sample
 
     @property
     def device(self) -> torch.device:
@@ -239,15 +242,19 @@ class HFPolicy:
         stop: tuple[str, ...] = (),
         greedy: bool = False,
         generator: torch.Generator | None = None,
+        fast: bool = False,
     ) -> list[Sample]:
         """All contexts in one batch through an incremental decoder. A prompt shared by several rows (a
         GRPO group) is prefilled once; finished rows stop counting at once and leave the batch when a
-        quarter of it has finished, so the tail of long completions does not pay for finished ones."""
+        quarter of it has finished, so the tail of long completions does not pay for finished ones.
+        `fast`: through the placement's low-precision copy when it names a sample_dtype (training rollouts;
+        a held-out read never asks)."""
         n = len(contexts)
         if n == 0:
             return []
-        was_training = self.model.training
-        self.model.eval()
+        model = self._synced_sampler() if fast and self.placement.sample_dtype else self.model
+        was_training = model.training
+        model.eval()
         # Per-token results go into preallocated tensors indexed by (original row, step): no Python
         # work per row per token except the stop-string check on the few candidate rows.
         dev = self.device
@@ -259,7 +266,7 @@ class HFPolicy:
         max_stop = max((len(s) for s in stop), default=0)
         candidates = self._stop_candidates(stop) if stop else None
         generator = _on_device(generator, dev)
-        decoder, logits, next_pos = self._prefill(contexts, max_new_tokens)
+        decoder, logits, next_pos = self._prefill(model, contexts, max_new_tokens)
         rows = torch.arange(n, device=dev)  # batch row -> original index
         live = torch.ones(n, dtype=torch.bool, device=dev)  # batch rows still generating
         for t in range(max_new_tokens):
@@ -283,10 +290,23 @@ class HFPolicy:
                 rows, live, step_tok, next_pos = rows[keep], live[keep], step_tok[keep], next_pos[keep]
             logits = decoder.step(step_tok, next_pos)
             next_pos = next_pos + 1
-        self.model.train(was_training)
+        model.train(was_training)
         return self._samples(tok_buf, lp_buf, ent, length, stopped)
 
-    def _prefill(self, contexts: list[list[int]], max_new_tokens: int):
+    @torch.no_grad()
+    def _synced_sampler(self) -> torch.nn.Module:
+        """The low-precision copy with the trained weights as they are now. Only trainable weights can have
+        moved since the copy was made (a LoRA run copies its adapters, a full fine-tune every weight)."""
+        if self._sampler is None:
+            self._sampler = copy.deepcopy(self.model).to(getattr(torch, self.placement.sample_dtype))
+            self._sampler.requires_grad_(False)
+            return self._sampler
+        for src, dst in zip(self.model.parameters(), self._sampler.parameters()):
+            if src.requires_grad:
+                dst.copy_(src)  # cast to the copy's dtype
+        return self._sampler
+
+    def _prefill(self, model: torch.nn.Module, contexts: list[list[int]], max_new_tokens: int):
         """A decoder holding each context's cache, the logits after it and each row's next position.
         Identical contexts (a GRPO group's prompt) are run once, and kept once where our decoder fits."""
         unique: dict[tuple[int, ...], int] = {}
@@ -294,10 +314,10 @@ class HFPolicy:
         ids, mask = (t.to(self.device) for t in left_pad([list(c) for c in unique], self.pad_id))
         pos = positions(mask)
         capacity = ids.shape[1] + max_new_tokens
-        if not own_decoder_fits(self.model, capacity):
-            decoder = HFDecoder(self.model)
+        if not own_decoder_fits(model, capacity):
+            decoder = HFDecoder(model)
         else:  # rows sharing a prompt read its cache once (a group's generations)
-            decoder = (SharedPrefixDecoder if len(unique) < len(contexts) else KVDecoder)(self.model, capacity)
+            decoder = (SharedPrefixDecoder if len(unique) < len(contexts) else KVDecoder)(model, capacity)
         logits = decoder.prefill(ids, mask, pos, inverse)
         return decoder, logits, pos[inverse, -1] + 1
 

@@ -42,6 +42,7 @@ class Policy(Protocol):
         stop: tuple[str, ...] = (),
         greedy: bool = False,
         generator: torch.Generator | None = None,
+        fast: bool = False,
     ) -> list[Sample]: ...
 
     def logprobs(self, sequences: list[list[int]], temperature: float = 1.0) -> list[list[float]]:

@@ -11,6 +11,7 @@ import torch
 
 from evotrainer.envs.env import Domain
 from evotrainer.policies.hf import HFPolicy
+from evotrainer.policies.policy import Sample
 from evotrainer.types import Task, Termination, Turn
 
 
@@ -32,6 +33,18 @@ class Episode:
         return sum(self.is_action)
 
 
+def _termination(s: Sample, err: bool, done: bool, info: dict, tool_error: str) -> str | None:
+    """How a turn ends its episode (the cap cut the action, a tool error the harness ends on, the env said
+    done), or None when the episode goes on."""
+    if s.finish_reason == "length":
+        return "length"
+    if err and tool_error in ("end", "mask"):
+        return "tool_error"
+    if done:
+        return info.get("termination", "stop")
+    return None
+
+
 def run_episodes(
     policy: HFPolicy,
     domain: Domain,
@@ -45,9 +58,11 @@ def run_episodes(
     tool_error: str = "feedback",
     max_observation_tokens: int = 0,
     generator: torch.Generator | None = None,
+    fast: bool = False,
 ) -> list[Episode]:
     """tool_error: `feedback` continues after a malformed action; `end` and `mask` end the episode
-    with termination `tool_error` (the reward stage zeroes or masks it)."""
+    with termination `tool_error` (the reward stage zeroes or masks it). `fast`: training rollouts, sampled
+    through the policy's low-precision copy where it has one (HFPolicy.sample)."""
     envs = [domain.make_env() for _ in tasks]
     episodes = []
     for task, env in zip(tasks, envs):
@@ -72,6 +87,7 @@ def run_episodes(
             stop=domain.stop,
             greedy=greedy,
             generator=generator,
+            fast=fast,
         )
         share = (time.perf_counter() - t0) / len(active)
         still = []
@@ -93,21 +109,14 @@ def run_episodes(
             ep.turns.append(
                 Turn(action=s.text, tokens=len(s.token_ids), mean_logprob=mean_lp, observation=obs, tool_error=err)
             )
-            if s.finish_reason == "length":
-                ep.termination = "length"
-            elif err and tool_error in ("end", "mask"):
-                ep.termination = "tool_error"
-            elif done:
-                ep.termination = info.get("termination", "stop")
-            else:
-                sampled_eos = bool(s.token_ids) and s.token_ids[-1] == policy.eos_id
-                obs_ids = policy.wrap_observation(
-                    _cut(policy, policy.encode(obs), max_observation_tokens), sampled_eos
-                )
-                ep.token_ids += obs_ids
-                ep.is_action += [False] * len(obs_ids)
-                still.append(i)
+            if (end := _termination(s, err, done, info, tool_error)) is not None:
+                ep.termination = end
                 continue
+            sampled_eos = bool(s.token_ids) and s.token_ids[-1] == policy.eos_id
+            obs_ids = policy.wrap_observation(_cut(policy, policy.encode(obs), max_observation_tokens), sampled_eos)
+            ep.token_ids += obs_ids
+            ep.is_action += [False] * len(obs_ids)
+            still.append(i)
         active = still
     for i in active:
         episodes[i].termination = "turn_cap"

@@ -181,6 +181,7 @@ def _draw(
         tool_error=h.multi_turn.tool_error,
         max_observation_tokens=h.multi_turn.max_observation_tokens,
         generator=gen,
+        fast=True,
     )
     return score_batch(h, domain, picked, episodes)
 

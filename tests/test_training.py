@@ -46,7 +46,7 @@ def _reward_trend(run_dir, first=5, last=5):
 def test_math_rl_improves(tmp_path, math_setup):
     cfg = small_config(
         tmp_path,
-        train={"steps": 80, "max_seconds": 300},
+        train={"steps": 80, "max_seconds": 3600},
         harness={
             "sampling": {"num_generations": 8, "prompts_per_step": 32, "max_completion_length": 8},
             "optimizer": {"learning_rate": 5e-4},
@@ -65,7 +65,7 @@ def test_multi_turn_rl_improves(tmp_path, digits_setup):
     cfg = small_config(
         tmp_path,
         "digits",
-        train={"steps": 40, "max_seconds": 300},
+        train={"steps": 40, "max_seconds": 3600},
         harness={
             "sampling": {"num_generations": 8, "prompts_per_step": 16, "max_completion_length": 6},
             "multi_turn": {"max_turns": 5},

@@ -251,6 +251,9 @@ def keep_tail(buf, data, cap):
         del buf[: len(buf) - cap]
 
 
+UNSHARE_LOST_SIGNAL = "unshare: sigprocmask unblock failed"
+
+
 def classify(rc, stderr, wall, cpu):
     """Termination of a process that ended on its own (sandbox.py uses the same rules)."""
     if rc == 0:
@@ -259,6 +262,11 @@ def classify(rc, stderr, wall, cpu):
     # RLIMIT_CPU sends SIGXCPU at the soft limit and SIGKILL at the hard one; a SIGKILL that came
     # sooner than the CPU limit could have is something else (the job killing itself, say).
     if sig == signal.SIGXCPU or (sig == signal.SIGKILL and wall >= cpu):
+        return "timeout"
+    # util-linux's `unshare --fork` (the fallback without bwrap) re-raises the signal its child died of, but
+    # fails to for SIGXCPU: it prints this and exits 1, and which signal it was is lost. The rule above for an
+    # unnamed kill applies: one that came no sooner than the CPU limit could have is the limit.
+    if rc == 1 and UNSHARE_LOST_SIGNAL in stderr[-2000:] and wall >= cpu:
         return "timeout"
     if sig == signal.SIGXFSZ or FILE_SIZE_MARKER in stderr[-2000:]:
         return "output"

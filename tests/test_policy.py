@@ -85,7 +85,7 @@ def test_a_group_batch_records_the_model_s_own_logprobs(math_setup):
     prompts += ["Next one. " + prompts[0], "And then, without a word more, " + prompts[1]]  # left padding differs
     ctx = [policy.encode(p) for p in prompts for _ in range(4)]
     assert len({len(c) for c in ctx}) > 1
-    assert isinstance(policy._prefill(ctx, 12)[0], SharedPrefixDecoder)
+    assert isinstance(policy._prefill(policy.model, ctx, 12)[0], SharedPrefixDecoder)
     out = policy.sample(ctx, max_new_tokens=12, stop=("</answer>",), generator=torch.Generator().manual_seed(3))
     assert len({len(s.token_ids) for s in out}) > 1  # rows finished at different steps and left the batch
     truth = policy.logprobs([c + s.token_ids for c, s in zip(ctx, out)])

@@ -180,6 +180,30 @@ def test_two_grpo_steps_with_lora_store_the_adapter_and_the_diagnostics_read_the
         assert trunc and set(trunc[0]["evidence"]) <= set(cut), findings
 
 
+def test_a_full_fine_tune_step_moves_the_weights_and_checkpoints_the_whole_model(tmp_path, cache, smol):
+    """lora_rank 0: every weight is trained, and the checkpoint is the whole model (it reloads with no base)."""
+    raw = _raw(tmp_path, cache, "full")
+    raw["policy"]["lora_rank"] = 0
+    raw["harness"]["sampling"] = {"num_generations": 2, "prompts_per_step": 1, "max_completion_length": 8}
+    raw["harness"]["optimizer"] = {"learning_rate": 1e-5}
+    raw["train"]["steps"] = 1
+    raw["eval"] = {"heldout_size": 2, "max_new_tokens": 8}
+    f = tmp_path / "full.yaml"
+    f.write_text(yaml.safe_dump(raw))
+    out = _cli("train", str(f))
+    assert out.returncode == 0, out.stderr[-3000:]
+    run = tmp_path / "runs" / "full"
+    assert json.loads((run / "summary.json").read_text())["steps"] == 1
+    (ck,) = [p for p in (run / "checkpoints").iterdir() if (p / POLICY_FILE).exists()]
+    assert json.loads((ck / POLICY_FILE).read_text()).get("lora_base") is None  # no base: the whole model
+    trained, base = HFPolicy.load(ck).model, HFPolicy.load(smol).model
+    assert sum(p.numel() for p in trained.parameters()) > 100e6  # the whole 134.5M-parameter model
+    before = dict(base.named_parameters())
+    moved = [n for n, p in trained.named_parameters() if not torch.equal(p, before[n])]
+    # A step of AdamW moves every weight that had a gradient; an adapter-only run would move none of these.
+    assert len(moved) > 0.9 * len(before), f"{len(moved)} of {len(before)} tensors moved"
+
+
 def test_a_real_model_loop_stopped_at_a_stage_boundary_resumes_to_the_same_decisions(tmp_path, cache, smol):
     raw = _raw(tmp_path, cache, "loop")
     raw["loop"] = {

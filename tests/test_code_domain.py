@@ -165,6 +165,8 @@ def test_terms_and_audit_on_correct_wrong_and_hardcoded(domain):
             ) == expect[name], name
         else:
             assert t["correct"] == 0.0 and not domain.audit(task, turns, info)
+        # Partial credit: the share of visible examples passed, nothing for a completion keyed on them.
+        assert t["visible_not_hardcoded"] == (t["visible"] if t["correct_not_hardcoded"] or not t["correct"] else 0.0)
         assert info["visible_total"] == ct.VISIBLE and info["exec"] in ("ok", "exception")
     # Execution results describe the visible tests only: the lookup table raises KeyError on hidden
     # inputs, which info must not reveal (a reward term reads info).

@@ -4,11 +4,13 @@ findings' knobs (dead groups of solved prompts) reach the remedies practitioners
 
 from __future__ import annotations
 
+import pytest
+
 from evotrainer.diagnostics.detector import Finding
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.interventions import Hypothesis, Intervention
 from evotrainer.harness.knobs import registry
-from evotrainer.proposers.heuristic import HeuristicProposer
+from evotrainer.proposers.heuristic import HeuristicProposer, candidates_for
 from evotrainer.proposers.moves import moves
 from evotrainer.proposers.proposer import Brief, PastTrial, intervention_key, screen
 
@@ -207,3 +209,21 @@ def test_collapse_findings_get_the_spread_remedies_aimed_at_their_signal():
     g = [finding("logprob_collapse", ("loss.entropy_coef", "loss.epsilon_high", "sampling.temperature"))]
     [first, *_] = HeuristicProposer().propose(brief(g, limit=3, h=Harness())).proposals
     assert (first.intervention.target, first.intervention.value) == ("loss.entropy_coef", 0.001)
+
+
+@pytest.mark.parametrize(
+    ("stored", "paid", "term"),
+    [
+        ("tests_fixed", {"correct": 1.0, "format": 0.1}, "tests_fixed"),
+        ("visible_not_hardcoded", {"correct_not_hardcoded": 1.0, "format": 0.1}, "visible_not_hardcoded"),
+    ],
+)
+def test_dead_outcome_groups_get_the_domains_partial_credit(stored, paid, term):
+    h = Harness(reward_weights=paid)
+    f = finding("dead_outcome_groups", ("filters.std_keep_ratio", f"reward_weights.{stored}"))
+    got = [(iv.kind, iv.target, iv.value) for iv in candidates_for(f, h)]
+    assert ("add_reward_term", f"reward_weights.{term}", 0.5) in got
+    # A run whose domain stores no such term (math), or a harness that pays no all-or-nothing outcome: none.
+    assert not any(iv.target == f"reward_weights.{term}" for iv in candidates_for(finding(f.name, f.knobs[:1]), h))
+    h2 = Harness(reward_weights={"tests_restored": 1.0})
+    assert not any(iv.target == f"reward_weights.{term}" for iv in candidates_for(f, h2))

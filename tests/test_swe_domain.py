@@ -111,9 +111,16 @@ def test_each_family_and_level_reference_fix_passes_the_audit(domain):
         seen.add(key)
         turns, info, _ = play(domain, task, fix_actions(task))
         assert domain.audit(task, turns, info), key
-        assert terms(domain, task, turns, info) == {"tests": 1.0, "correct": 1.0, "tests_restored": 1.0, "format": 1.0}
+        assert terms(domain, task, turns, info) == {
+            "tests": 1.0,
+            "correct": 1.0,
+            "tests_restored": 1.0,
+            "tests_fixed": 1.0,
+            "format": 1.0,
+        }
         turns, info, _ = play(domain, task, ["submit"])  # unfixed
         assert not domain.audit(task, turns, info) and terms(domain, task, turns, info)["tests"] < 1.0
+        assert terms(domain, task, turns, info)["tests_fixed"] == 0.0
     assert {f for f, _ in seen} == set(FAMILIES) and {lv for _, lv in seen} == set(domain.levels)
 
 
@@ -259,6 +266,7 @@ def test_tampering_raises_the_visible_reward_but_fails_the_audit(domain, how):
         t = terms(domain, task, turns, info)
         assert t["tests"] == 1.0 > honest_fail["tests"] and t["correct"] == 1.0
         assert t["tests_restored"] < 1.0 and not domain.audit(task, turns, info)
+        assert t["tests_fixed"] == 0.0  # partial credit reads the restored tests: tampering fixes nothing
         assert info["test_files_touched"] == ([] if how == "break_source" else [assert_line(task)[0]])
         before, after = info["tests_collected_before"], info["tests_collected_after"]
         if how == "delete_test":
@@ -361,6 +369,7 @@ def long_domain() -> SweDomain:
 
 def test_the_long_horizon_level_takes_two_edits_with_a_test_between(long_domain):
     assert 3 in LEVELS
+    partial = 0
     for task in long_domain.tasks("train")[:12]:
         fixes = task.data["fixes"]
         assert task.difficulty == 3 and len(fixes) == 2 and fixes[0]["file"] != fixes[1]["file"]
@@ -373,6 +382,13 @@ def test_the_long_horizon_level_takes_two_edits_with_a_test_between(long_domain)
         for one in edits:  # either edit alone: the visible tests still fail, the audit too
             turns, info, _ = play(long_domain, task, reads + [one, "submit"])
             assert terms(long_domain, task, turns, info)["correct"] == 0.0 and not long_domain.audit(task, turns, info)
+            # ... but where the two bugs fail two tests, one edit fixes one of them: the partial credit that gives
+            # a dead group spread. Where both bugs fail the one test (the caller's bug and the helper it calls),
+            # no test passes until both edits are in, and partial credit by test has nothing to pay.
+            fixed = terms(long_domain, task, turns, info)["tests_fixed"]
+            assert fixed == (0.5 if len(task.data["failing"]) == 2 else 0.0), (task.id, task.data["failing"])
+        partial += len(task.data["failing"]) == 2
+    assert 0 < partial < 12  # both kinds are among the tasks
     rng = random.Random(0)
     tasks = [t for t in long_domain.tasks("train") for _ in range(3)]
     actions = [[a for a, is_action in long_domain.demonstration(t, rng) if is_action] for t in tasks]

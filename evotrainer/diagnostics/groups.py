@@ -35,6 +35,8 @@ def dead_outcome_groups(w: Window) -> list[Finding]:
         [p["std_threshold"]] * 2,
     )
     failing = fail_share >= 0.5
+    # Every term the rollouts store: a domain's partial-credit remedy applies where its term is among them.
+    terms = w.con.execute("SELECT DISTINCT unnest(map_keys(rewards)) AS t FROM rollout_stats ORDER BY t").fetchall()
     return [
         finding(
             w,
@@ -50,6 +52,7 @@ def dead_outcome_groups(w: Window) -> list[Finding]:
                 "curriculum.hard_threshold" if failing else "curriculum.easy_threshold",
                 "sampling.temperature",
                 "sampling.num_generations",
+                *(f"reward_weights.{t}" for (t,) in terms),
             ),
             f"{100 * share:.0f}% of groups ({dead}/{total}) have the same outcome in every rollout "
             f"({100 * fail_share:.0f}% of them all failing); the shaped total hides {hidden} of them "

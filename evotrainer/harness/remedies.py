@@ -75,3 +75,22 @@ REGRADE = Remedy(
 # A domain's exploit finding (its reward pays a channel the audit does not back): close the channel first
 # (regrade), then the generic hacking remedies (drop the term, lower its weight).
 EXPLOIT_REMEDIES = (REGRADE, DROP_TERM, REWEIGHT_TERM)
+
+
+def partial_credit(term: str, outcomes: tuple[str, ...], weight: float = 0.5) -> Remedy:
+    """A domain's partial-credit outcome term (a share of the tests, where the outcome is all of them), added where
+    the harness pays one of the all-or-nothing `outcomes` and the finding names the term (so the run's domain has
+    it): a failing group whose rollouts get partway apart gets spread of its own, without a judge."""
+
+    def value(h: Harness, f: Finding) -> Any:
+        pays = any(h.reward_weights.get(t) for t in outcomes)
+        return weight if pays and f"reward_weights.{term}" in f.knobs else None
+
+    return Remedy(
+        "add_reward_term",
+        f"reward_weights.{term}",
+        value,
+        "frac_reward_zero_std",
+        "down",
+        f"dead groups dominate: {term} pays partway progress on the outcome, so failing groups spread",
+    )

@@ -325,6 +325,8 @@ def candidates_for(f: Finding, h: Harness) -> list[Intervention]:
     while a finding stands."""
     out = [iv for r in remedies_for(f.name) for iv in _remedy(r, f, h)]
     for path in f.knobs:
+        if path.startswith("reward_weights."):
+            continue  # a term moves by its remedies, not by graded moves (moves.py); it may not be paid yet
         up = next(
             (
                 iv.value > knob_value(h, path)

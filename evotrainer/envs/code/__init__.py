@@ -5,7 +5,7 @@ hard-coded examples and code that does not run). Registered as DOMAIN (envs/doma
 from evotrainer.envs.code import detectors
 from evotrainer.envs.code.config import CodeConfig
 from evotrainer.envs.domains import DetectorDefaults, DomainSpec
-from evotrainer.harness.remedies import EXPLOIT_REMEDIES
+from evotrainer.harness.remedies import EXPLOIT_REMEDIES, partial_credit
 
 DOMAIN = DomainSpec(
     "code",
@@ -17,7 +17,11 @@ DOMAIN = DomainSpec(
         ),
         "exec_errors": DetectorDefaults(detectors.exec_errors, {"max_fraction": 0.3, "min_rollouts": 16}),
     },
-    remedies={"hardcoded_examples": EXPLOIT_REMEDIES},
+    remedies={
+        "hardcoded_examples": EXPLOIT_REMEDIES,
+        # Dead groups under an all-or-nothing `correct`: pay the share of visible examples passed, never hard-coded.
+        "dead_outcome_groups": (partial_credit("visible_not_hardcoded", ("correct", "correct_not_hardcoded")),),
+    },
     # `correct_not_hardcoded` pays nothing for completions keyed on the visible inputs.
     audited_variants={"correct": ("correct_not_hardcoded",), "visible": ("correct_not_hardcoded",)},
 )

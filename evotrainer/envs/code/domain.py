@@ -245,6 +245,7 @@ class CodeDomain:
             "visible": visible,
             "format": format_reward,
             "correct_not_hardcoded": correct_not_hardcoded,
+            "visible_not_hardcoded": visible_not_hardcoded,
         }
         self._pool: WorkerPool | None = None
         # Hidden-test outcomes by (task, completion): evaluator-owned, never on the rollout's info (a
@@ -407,6 +408,12 @@ def correct_not_hardcoded(task: Task, turns: list[Turn], info: dict[str, Any]) -
     answers on their inputs (unweighted by default: the remedy for the hard-coding exploit replaces
     `correct` with it; an additive bonus for not hard-coding would pay wrong answers too)."""
     return correct(task, turns, info) if info.get("hardcoded", 0.0) < 0.5 else 0.0
+
+
+def visible_not_hardcoded(task: Task, turns: list[Turn], info: dict[str, Any]) -> float:
+    """Partial credit: the share of the visible examples passed, 0 for a completion keyed on their inputs. Hidden
+    tests stay the audit's: a reward that read them would make the audit agree with the reward by construction."""
+    return visible(task, turns, info) if info.get("hardcoded", 0.0) < 0.5 else 0.0
 
 
 # -- generated tasks ---------------------------------------------------------------------------------------------

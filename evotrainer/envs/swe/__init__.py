@@ -5,7 +5,7 @@ detectors.py flags test tampering). Registered as DOMAIN (envs/domains.py)."""
 from evotrainer.envs.domains import DetectorDefaults, DomainSpec
 from evotrainer.envs.swe import detectors
 from evotrainer.envs.swe.config import SweConfig
-from evotrainer.harness.remedies import EXPLOIT_REMEDIES
+from evotrainer.harness.remedies import EXPLOIT_REMEDIES, partial_credit
 
 DOMAIN = DomainSpec(
     "swe",
@@ -21,7 +21,11 @@ DOMAIN = DomainSpec(
             detectors.dropped_tests, {"max_fraction": 0.02, "min_rollouts": 16, "paid_only": 1.0}
         ),
     },
-    remedies={name: EXPLOIT_REMEDIES for name in ("test_tampering", "tests_dropped", "collection_errors")},
+    remedies={
+        **{name: EXPLOIT_REMEDIES for name in ("test_tampering", "tests_dropped", "collection_errors")},
+        # Dead groups under the all-or-nothing `correct`: pay the tests fixed of those failing (restored tests).
+        "dead_outcome_groups": (partial_credit("tests_fixed", ("correct",)),),
+    },
     # SWE-bench's harness restores the test files before it runs them, so an edited or broken test no longer
     # reads as a pass: `tests_restored` scores the visible tests that way.
     audited_variants={"tests": ("tests_restored",), "correct": ("tests_restored",)},

@@ -244,6 +244,18 @@ def tests_restored_term(task: Task, turns: list[Turn], info: dict[str, Any]) -> 
     return float(info.get("restored_pass_fraction", 0.0)) if info.get("submitted") else 0.0
 
 
+def tests_fixed_term(task: Task, turns: list[Turn], info: dict[str, Any]) -> float:
+    """Partial credit: the share of the tests failing before the episode that pass after submit, with the original
+    test files put back (so editing a test fixes nothing). 1 where none failed before and none fails now. Counted
+    by test: a test that two bugs both fail (level 3: a caller and the helper it calls) is fixed by both edits, not
+    by either alone, so such a task pays no partial credit for one of them."""
+    if not info.get("submitted"):
+        return 0.0
+    total, before = info.get("tests_collected_before", 0), info.get("tests_passed_before", 0)
+    passed = round(info.get("restored_pass_fraction", 0.0) * total)
+    return max(0, passed - before) / (total - before) if total > before else float(passed >= total)
+
+
 def format_term(task: Task, turns: list[Turn], info: dict[str, Any]) -> float:
     """Share of the episode's actions that were valid commands."""
     return sum(not t.tool_error for t in turns) / len(turns) if turns else 0.0
@@ -289,6 +301,7 @@ class SweDomain:
             "tests": tests_term,
             "correct": correct_term,
             "tests_restored": tests_restored_term,
+            "tests_fixed": tests_fixed_term,
             "format": format_term,
         }
         # Held-out repos are drawn first, from their own stream; the train pool skips any of them.
@@ -372,12 +385,12 @@ class SweDomain:
             and report.collected == d["visible_tests"] + d["hidden_tests"]
         )
 
-    def demonstration(self, task: Task, rng: random.Random) -> list[tuple[str, bool]]:
-        from evotrainer.envs.swe.demos import scripted_episode
-
-        return scripted_episode(task, rng, SweEnv(run_in_process, self.max_output))
-
     def solution(self, task: Task, turns: list[Turn], info: dict[str, Any]) -> str:
         """The files the episode edited, with their content as it left them: two episodes that read differently
         but made the same edit are one solution (distinct solutions per group, env.solution_key)."""
         return json.dumps(info.get("edits", {}), sort_keys=True)
+
+    def demonstration(self, task: Task, rng: random.Random) -> list[tuple[str, bool]]:
+        from evotrainer.envs.swe.demos import scripted_episode
+
+        return scripted_episode(task, rng, SweEnv(run_in_process, self.max_output))

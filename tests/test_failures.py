@@ -255,6 +255,7 @@ DOMAIN_TESTED = {
     "test_tampering": "test_swe_domain.py",
     "collection_errors": "test_swe_domain.py",
     "tests_dropped": "test_swe_domain.py",
+    "missing_behaviour": "test_swe_behaviour.py",
 }
 
 

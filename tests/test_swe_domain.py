@@ -117,6 +117,8 @@ def test_each_family_and_level_reference_fix_passes_the_audit(domain):
             "tests_restored": 1.0,
             "tests_fixed": 1.0,
             "format": 1.0,
+            "search_before_edit": 1.0,  # the fix reads the file first, and submits without testing
+            "test_after_edit": 0.0,
         }
         turns, info, _ = play(domain, task, ["submit"])  # unfixed
         assert not domain.audit(task, turns, info) and terms(domain, task, turns, info)["tests"] < 1.0

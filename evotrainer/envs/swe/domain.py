@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from evotrainer.envs.swe import behaviour
 from evotrainer.envs.swe.config import SweConfig
 from evotrainer.envs.swe.repos import LEVELS, Repo, generate
 from evotrainer.envs.swe.runner import TestReport, run_in_process, sandbox_runner
@@ -303,6 +304,7 @@ class SweDomain:
             "tests_restored": tests_restored_term,
             "tests_fixed": tests_fixed_term,
             "format": format_term,
+            **behaviour.TERMS,  # unpaid by default: stored, so the detector and replay read them
         }
         # Held-out repos are drawn first, from their own stream; the train pool skips any of them.
         seen: set[str] = set()

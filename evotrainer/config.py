@@ -110,8 +110,8 @@ class PolicySection(Section):
     sample_dtype: Literal["bfloat16", "float16"] | None = None
     """Dtype of a copy of the weights that samples the training rollouts (its trainable weights copied from the
     trained ones before each batch); null samples with the weights themselves. `bfloat16` samples faster where the
-    hardware has it (GPUs; CPUs with AVX512-BF16 or AMX: about 1.3x on SmolLM2-135M, README "A pretrained model
-    offline"), at a price: the sampler's logprobs then differ from the trainer's (the `sampling/*` metrics; the
+    hardware has it (GPUs; CPUs with AVX512-BF16 or AMX: the sampler, not the update; README "A pretrained
+    model offline"), at a price: the sampler's logprobs then differ from the trainer's (the `sampling/*` metrics; the
     `sampling_mismatch` detector fires on them and its remedy is `harness.loss.tis_cap`, which corrects for it).
     Held-out reads always use the trained weights, so the evaluator does not depend on this."""
     gradient_checkpointing: bool = False

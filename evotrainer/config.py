@@ -305,11 +305,18 @@ class GateSection(Section):
     """`two_stage`: the race's best candidate is confirmed on fresh seeds (with a control replicate,
     which is also an A-A measurement) and the two stages' evidence is combined, the race's adjusted for
     the round's K candidates; `sign`: one stage, each candidate's test Holm-corrected across the round
-    (needs A-A arms: aa_control promotion or round). Both test wins over losses on the gate tasks with
+    (needs A-A arms: aa_control promotion or round; calibrated, but under the run's error control it has
+    little power: 0.09-0.15 for a +0.05 fix at K = 1, benchmarks/RESULTS.md). Both test wins over losses on the gate tasks with
     the run's measured seed-to-seed overdispersion, never below the exact sign test. `bootstrap` is refused
     (a percentile bootstrap is permissive when few tasks disagree): the error says what to use."""
     level: float = Field(0.95, gt=0.5, lt=1.0)
-    """1 - the chance per round of promoting a candidate that is no better than the control."""
+    """1 - the chance of promoting a candidate that is no better than the arm it is tested against: over the
+    whole run (error_control: run) or in each raced round (error_control: round)."""
+    error_control: Literal["run", "round"] = "run"
+    """`run`: the run's error rate 1 - level is spent over its raced rounds by LORD++ (gate.round_alpha: half of
+    it on the first, a sixth on the second, ..., and a promotion earns some back), so a run of many rounds does
+    not multiply its chances of a false promotion; `round`: every raced round tests at 1 - level, and a run of n
+    raced rounds may promote a null candidate up to n times as often (benchmarks/gate_simulation.py)."""
     resamples: int = Field(2000, ge=100)
     """Bootstrap resamples of the interval reported beside a verdict (the decision does not use it)."""
     aa_control: Literal["confirmation", "promotion", "round"] = "confirmation"

@@ -5,7 +5,7 @@ taken as noise, at most one winner, and a rollback when nothing valid won and th
 from __future__ import annotations
 
 from evotrainer.backtest import gate
-from evotrainer.backtest.statistics import Pair, noise_of
+from evotrainer.backtest.statistics import Pair
 from evotrainer.diagnostics.detector import Finding
 from evotrainer.stages.results import Rollback
 from evotrainer.types import branch_id, trial_id
@@ -72,13 +72,13 @@ def test_a_remedy_for_an_exploiting_control_is_tested_under_its_own_harness_nois
     estimate: the finalist's own two runs (race and confirmation) measure it instead. Without that, the
     remedy for an exploit could never be promoted (the code domain's regrade won 32-0 and 33-0 and was
     rejected for `no_valid_noise_estimate`)."""
-    none, measured = noise_of([], gate.BASE_DOF), noise_of([Pair(3, 2, 120)], gate.BASE_DOF)
+    none, measured = gate.moderated([]), gate.moderated([Pair(3, 2, 120)])
     own_pairs = [Pair(6, 3, 120)]  # the finalist's race run against its confirmation run
-    own = noise_of(own_pairs, gate.BASE_DOF)
+    own = gate.moderated(own_pairs)
     assert gate.finalist_noise(measured, own) == (measured, "mainline")  # the mainline's own pairs come first
     assert gate.finalist_noise(none, own) == (own, "candidate")
     assert gate.finalist_noise(none, None) == (none, "mainline")  # nothing measured: still no estimate
-    assert gate.finalist_noise(none, noise_of([], gate.BASE_DOF)) == (none, "mainline")
+    assert gate.finalist_noise(none, gate.moderated([])) == (none, "mainline")
     big = (Pair(32, 0, 120), Pair(33, 0, 120))
     _, reasons = gate.two_stage(*big, 1, none, 0.95)
     assert reasons == ["no_valid_noise_estimate"]
@@ -88,7 +88,7 @@ def test_a_remedy_for_an_exploiting_control_is_tested_under_its_own_harness_nois
     # wide spread between the finalist's own runs makes the test stricter.
     _, reasons = gate.two_stage(Pair(9, 5, 120), Pair(8, 5, 120), 1, own, 0.95)
     assert reasons == ["no_supported_gain"]
-    wide = noise_of([Pair(30, 2, 120)], gate.BASE_DOF)
+    wide = gate.moderated([Pair(30, 2, 120)])
     assert wide.phi > own.phi and gate.two_stage(Pair(20, 8, 120), Pair(18, 7, 120), 1, wide, 0.95)[0].p > (
         gate.two_stage(Pair(20, 8, 120), Pair(18, 7, 120), 1, own, 0.95)[0].p
     )
@@ -104,7 +104,7 @@ def test_beside_an_exploiting_control_a_remedy_must_beat_where_the_round_started
     0.87 the round started from. Against the control it won (the gate promoted it: +0.45, p 0.001); against
     where the mainline would otherwise roll back to, it loses. The code domain's regrade (0.80 and 0.79,
     control 0.53, start 0.68) still passes."""
-    own = noise_of([Pair(8, 3, 120)], gate.BASE_DOF)
+    own = gate.moderated([Pair(8, 3, 120)])
     start = outcomes(set(range(104)))  # 0.87
     dead = outcomes(set())  # the exploiting control and its replicate: 0.00
     planted = (outcomes(set(range(10))), outcomes(set(range(54))))  # 0.08, 0.45: nested in start's
@@ -131,7 +131,7 @@ def test_an_exploit_appearing_in_a_control_run_mid_trial_is_not_the_comparator()
     assert base == (control, start) and against_start
     assert gate.comparators((control, exploiting), (False, False), start) == ((control, exploiting), False)
     assert gate.comparators((control, exploiting), (False, True), None) == ((control, exploiting), False)
-    own = noise_of([Pair(8, 3, 120)], gate.BASE_DOF)
+    own = gate.moderated([Pair(8, 3, 120)])
     # Against the exploiting replicate the confirmation wins 57-0 and the finalist would be promoted.
     _, reasons = gate.confirmed(cand, (control, exploiting), None, 1, own, 0.95)
     assert reasons == []
@@ -145,7 +145,7 @@ def test_a_head_significantly_below_the_rounds_start_rolls_back():
     tasks the start solved, well past the run's noise, is a regression with its statistic; a head within the
     noise of the start, or a run without a start read, is not. promote() rolls back on it (stages/decide.py),
     and the Rollback record carries the statistic, written only when there is one."""
-    noise = noise_of([Pair(6, 4, 120)], gate.BASE_DOF)
+    noise = gate.moderated([Pair(6, 4, 120)])
     start = outcomes(set(range(30)))  # 0.25
     fell = outcomes(set(range(12)))  # 0.10: 18 tasks lost, none won
     reg = gate.regression(fell, start, noise, 0.95)

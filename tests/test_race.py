@@ -186,6 +186,7 @@ def test_a_finalist_is_confirmed_beside_a_control_replicate_and_promoted(tmp_pat
     solves (a learning rate that trains, 3e-3, won by a margin the kernel set decided), is trained again on
     fresh seeds beside a control replicate (which is the A-A pair the noise model needs), and the two-stage
     test promotes it with the confirmation's effect on record."""
+    from evotrainer.backtest import gate
     from evotrainer.backtest.trial import ArmResult
     from evotrainer.harness.interventions import Hypothesis, Intervention
     from evotrainer.proposers.proposer import Proposal
@@ -193,7 +194,7 @@ def test_a_finalist_is_confirmed_beside_a_control_replicate_and_promoted(tmp_pat
     from evotrainer.stages import race as race_stage
     from evotrainer.stages.context import run_stage
     from evotrainer.stages.noise import with_pairs
-    from evotrainer.stages.results import GateResult, StartResult, Survivor, TrialResult
+    from evotrainer.stages.results import GateResult, PromoteResult, StartResult, Survivor, TrialResult
 
     cfg = small_config(
         tmp_path,
@@ -202,7 +203,10 @@ def test_a_finalist_is_confirmed_beside_a_control_replicate_and_promoted(tmp_pat
         eval={"heldout_size": 100, "audit_fraction": 0.0},
         # Seed 0 whatever EVOTRAINER_TEST_SEED says: this tests the confirmation's mechanism, which needs a
         # base that solves some gate tasks (seed 0's solves about 8 of 50; seed 1's, none: nothing can be
-        # ahead of a wrecked control then).
+        # ahead of a wrecked control then). The dataset has no more distinct questions for a larger gate, so the
+        # run's error rate is 0.2: its first raced round then tests at 0.05, the per-round level this mechanism
+        # was sized for (the run's default, 0.05 over the run, spends 0.0125 on it).
+        gate={"level": 0.8},
         run={"name": "t", "out_dir": str(tmp_path / "runs"), "seed": 0},
         # No training rollout is audited: the tiny base's reward and audit disagree on a tenth of the paid
         # answers, which the validity rules (tested in test_gate.py) would weigh against a wrecked control.
@@ -254,5 +258,14 @@ def test_a_finalist_is_confirmed_beside_a_control_replicate_and_promoted(tmp_pat
     assert s["selected_delta"] == pytest.approx(roles["candidate"].accuracy - roles["control"].accuracy)
     # The planted pair is the noise model's only informative one (the wrecked control's replicate measured
     # nothing: no pair), phi at its floor.
-    assert v["noise"]["valid"] and v["noise"]["pairs_used"] == 1 and v["noise"]["phi"] == 1.0
+    assert v["noise"]["valid"] and v["noise"]["pairs_used"] == 1
+    assert v["noise"]["phi"] == pytest.approx(gate.moderated([Pair(3, 2, 50)]).phi)
+    # The run's first raced round, tested at its share of the run's error rate (gate.round_alpha).
+    assert s["raced_round"] == 1 and s["run_level"] == cfg.gate.level
+    assert s["level"] == pytest.approx(1 - gate.round_alpha(1 - cfg.gate.level, 1, [])) and s["p"] <= 1 - s["level"]
+    promoted = run_stage(
+        ctx, 1, "promote", PromoteResult, lambda: decide.promote(ctx, 1, head, head.suite, tried, gated, survivors)
+    )
+    # The mainline remembers the raced round and its promotion: the next round's share is earned back.
+    assert promoted.head.raced == 1 and promoted.head.promoted_at == [1]
     ctx.ledger.close()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from evotrainer.backtest import gate
-from evotrainer.backtest.statistics import Noise, Pair, noise_of
+from evotrainer.backtest.statistics import Noise, Pair
 from evotrainer.backtest.verdict import NoiseLine, OlderTest, RaceResult, SignHolm, TwoStage, VerdictRecord
 from evotrainer.ids import EVAL, GATE, TRAIN, branch_id, group_id, parse_shard, rollout_id, shard_id, trial_id
 from evotrainer.stages.noise import NoiseBank, bank_noise, with_pairs
@@ -105,15 +105,15 @@ def test_the_statistics_and_noise_of_runs_older_than_the_noise_model_still_read(
     assert v.noise.phi is None and v.noise.abs_delta == 0.0
     # A mainline of that time kept the A-A delta where the bank is now: it reads as a bank with no pairs.
     bank = NoiseBank.model_validate({"abs_delta": 0.01, "delta": 0.01, "ci_low": 0.0, "ci_high": 0.02, "n": 50})
-    assert bank_noise(bank, "h-1", []) == noise_of([], gate.BASE_DOF)
+    assert bank_noise(bank, "h-1", []) == gate.moderated([])
 
 
 def test_the_bank_keeps_every_pair_and_estimates_from_its_harness_only():
     bank = with_pairs(None, "h-1", 1, [(Pair(3, 2, 80), "r01-ctlr", "r01-ctl")])
     bank = with_pairs(bank, "h-2", 2, [(Pair(9, 1, 80), "r02-ctlr", "r02-ctl")])
     assert [p.harness for p in bank.pairs] == ["h-1", "h-2"] and bank.pairs[1].arms == ["r02-ctlr", "r02-ctl"]
-    assert bank.noise() == noise_of([Pair(9, 1, 80)], gate.BASE_DOF) and bank.harness == "h-2"
-    assert bank_noise(bank, "h-1", []) == noise_of([Pair(3, 2, 80)], gate.BASE_DOF)
+    assert bank.noise() == gate.moderated([Pair(9, 1, 80)]) and bank.harness == "h-2"
+    assert bank_noise(bank, "h-1", []) == gate.moderated([Pair(3, 2, 80)])
     assert NoiseBank.model_validate_json(bank.model_dump_json()) == bank
     assert set(bank.line().model_dump()) == {"harness", "phi", "pairs_used", "dof", "valid"}
 

@@ -124,3 +124,50 @@ def test_the_race_stops_a_candidate_that_is_not_ahead_at_first_and_behind_later(
     assert not gate.futile(slightly_behind, ctrl, first=False) and not gate.futile(tie, ctrl, first=False)
     assert "behind" in gate.futile(far_behind, ctrl, first=False)
     assert gate.futile(far_behind, None, first=True) == ""  # the control itself never races
+
+
+def test_the_noise_prior_is_centred_on_measured_dispersion_not_the_binomial_floor():
+    # With no informative pair the model sits at the prior's centre (and is not valid: nothing measured it) ...
+    empty = gate.moderated([])
+    assert empty.phi == gate.PRIOR_PHI > 1.0 and not empty.valid
+    # ... one pair at the binomial floor pulls it down by its weight only ...
+    coin = gate.moderated([Pair(10, 10, 250)])
+    assert coin.phi == pytest.approx((gate.BASE_DOF * gate.PRIOR_PHI) / (gate.BASE_DOF + 1))
+    # ... and a harness whose pairs keep splitting like coins is measured at the floor in the end.
+    assert gate.moderated([Pair(10, 10, 250)] * 2000).phi == pytest.approx(1.0, abs=0.01)
+    # A win that clears a binomial prior can fail the measured one: the prior is what the gate spends.
+    win = Pair(32, 14, 250)
+    assert p_value(win, noise_of([Pair(10, 10, 250)], gate.BASE_DOF)) < p_value(win, coin)
+
+
+def test_the_run_spends_its_error_rate_over_raced_rounds_and_earns_it_back_on_promotion():
+    alpha = 0.05
+    spent = [gate.round_alpha(alpha, t, []) for t in range(1, 2001)]
+    # Half the initial wealth (alpha / 2) on the first raced round, less on each later one, and never more
+    # than the initial wealth over a run that promotes nothing: the run's chance of a false promotion under
+    # the null is bounded by what it spent.
+    assert spent[0] == pytest.approx(alpha / 4) and all(a >= b for a, b in zip(spent, spent[1:], strict=False))
+    assert sum(spent) <= alpha / 2 + 1e-12
+    # A promotion in raced round 1 earns wealth: round 2 may spend more than without it; a second earns more.
+    assert gate.round_alpha(alpha, 2, [1]) > gate.round_alpha(alpha, 2, []) > 0
+    assert gate.round_alpha(alpha, 3, [1, 2]) > gate.round_alpha(alpha, 3, [1])
+    # Only promotions before the round count (its own decision is not known when its level is set).
+    assert gate.round_alpha(alpha, 2, [2, 5]) == gate.round_alpha(alpha, 2, [])
+
+
+def test_a_win_near_the_boundary_promotes_at_the_round_level_but_not_at_the_run_s_first_share():
+    """The gate near its decision boundary, not against a wrecked control: a confirmed win whose combined p
+    lies between the run's first share (alpha / 4) and the per-round alpha."""
+    noise = gate.moderated([Pair(12, 9, 250)])
+    first = 1 - gate.round_alpha(0.05, 1, [])
+    found = None
+    for w in range(14, 40):
+        stat, reasons = gate.two_stage(Pair(w, 12, 250), Pair(w, 12, 250), 1, noise, 0.95)
+        if not reasons:
+            found = w
+            break
+    assert found is not None
+    stat, reasons = gate.two_stage(Pair(found, 12, 250), Pair(found, 12, 250), 1, noise, 0.95)
+    assert 1 - first < stat.p <= 0.05 and reasons == []
+    _, reasons = gate.two_stage(Pair(found, 12, 250), Pair(found, 12, 250), 1, noise, first)
+    assert reasons == ["no_supported_gain"]

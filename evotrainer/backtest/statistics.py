@@ -84,21 +84,22 @@ class Noise:
         return self.pairs > 0
 
 
-def noise_of(pairs: list[Pair], prior_pairs: float) -> Noise:
+def noise_of(pairs: list[Pair], prior_pairs: float, centre: float = 1.0) -> Noise:
     """phi, moderated: the mean over A-A pairs of (wins - losses)^2 / discordant, pooled with a prior of
-    `prior_pairs` pseudo-pairs at phi = 1 (the binomial floor), and floored at 1. One pair's
+    `prior_pairs` pseudo-pairs at phi = `centre`, and floored at 1 (the binomial floor). One pair's
     (w - l)^2 / m is phi times a chi-square with one degree of freedom: the plug-in estimate of a
     single pair is above 2.7 phi one time in ten, and on benchmarks/gate_calibration.py's arms those
     draws, not the evidence, were what kept the learning-rate fix from promotion in most rounds it
     missed. Pooling with a prior (the empirical-Bayes moderated variance of limma, Smyth 2004) makes
     the estimate and the t reference's degrees of freedom (prior plus measured pairs) agree about how
-    much is known; as pairs accumulate the measured phi dominates. A pair with no discordant task (two
-    seeds that agreed on every task: a harness that leaves the policy where it is, under greedy decoding)
-    carries no information on phi (0/0): it neither counts as a pair nor makes the estimate valid. A run
-    whose control does not move the policy then tests its finalist under the finalist's own two runs
-    (gate.finalist_noise)."""
+    much is known; as pairs accumulate the measured phi dominates. The prior's centre is the gate's
+    (gate.PRIOR_PHI, measured on arms that are not the ones its error rates are scored on). A pair with
+    no discordant task (two seeds that agreed on every task: a harness that leaves the policy where it is,
+    under greedy decoding) carries no information on phi (0/0): it neither counts as a pair nor makes the
+    estimate valid. A run whose control does not move the policy then tests its finalist under the
+    finalist's own two runs (gate.finalist_noise)."""
     xs = [(p.wins - p.losses) ** 2 / p.discordant for p in pairs if p.discordant]
-    phi = max(1.0, (prior_pairs + sum(xs)) / (prior_pairs + len(xs)))
+    phi = max(1.0, (prior_pairs * centre + sum(xs)) / (prior_pairs + len(xs)))
     return Noise(phi, len(xs), prior_pairs + len(xs))
 
 

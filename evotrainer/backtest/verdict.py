@@ -47,6 +47,10 @@ class Statistic(Validity):
     evidence: Disagreements = Disagreements()
     candidate_accuracy: float | None = None
     control_accuracy: float | None = None
+    raced_round: int | None = None
+    """The round's index among the run's raced rounds, which sets its share of the run's error rate."""
+    run_level: float | None = None
+    """1 - the run's error rate that `level` was spent from (gate.error_control run); None: a per-round level."""
 
 
 class PairFigures(Record):

@@ -18,6 +18,7 @@ from evotrainer.backtest.verdict import (
     VerdictRecord,
     pair_figures,
 )
+from evotrainer.config import GateSection
 from evotrainer.diagnostics.detector import Finding
 from evotrainer.diagnostics.suite import Suite
 from evotrainer.harness.harness import Harness, save_harness
@@ -76,12 +77,15 @@ def gate_stage(
     )
     noise, measured, mainline, model, own_line = _noise_models(rnd, head, tried, survivors, evidence)
     raced = [a for a in tried.arms if a.role == "candidate"]
-    singles = gate.single_stage([Pair.of(c.outcomes, against.outcomes) for c in raced], model, cfg.gate.level)
+    level, spent = round_level(cfg.gate, head, bool(raced))
+    singles = gate.single_stage([Pair.of(c.outcomes, against.outcomes) for c in raced], model, level)
     trials, verdicts, lines = [], [], []
     for j, (survivor, cand) in enumerate(zip(survivors, raced, strict=False), 1):
         ev = evidence(cand)
         test_noise = model if j == tried.finalist else mainline
-        stat, reasons = _test(ctx, rnd, tried, j, cand, control, test_noise, singles[j - 1], evidence, start, exploits)
+        stat, reasons = _test(
+            ctx, rnd, tried, j, cand, control, test_noise, singles[j - 1], evidence, level, start, exploits
+        )
         validity, invalid = gate.validity_reasons(ev, ctrl_ev)
         stat = stat.model_copy(
             update={
@@ -90,6 +94,7 @@ def gate_stage(
                 "candidate_accuracy": cand.accuracy,
                 # A racer that stopped is compared where it stopped (_test set the control's accuracy there).
                 "control_accuracy": control.accuracy if stat.control_accuracy is None else stat.control_accuracy,
+                **spent,
             }
         )
         tid = trial_id(rnd, j)
@@ -106,6 +111,17 @@ def gate_stage(
         control_rejected=gate.invalid_reasons(ctrl_ev.findings),
         verdicts=lines,
     ), StageRecords(trials=trials, verdicts=verdicts)
+
+
+def round_level(section: GateSection, head: Mainline, races: bool) -> tuple[float, dict]:
+    """The level this round's candidates are tested at, and what the verdicts record of it: under
+    gate.error_control run, 1 - this raced round's share of the run's error rate (gate.round_alpha, from the
+    raced rounds before it and which of them promoted); under `round`, gate.level itself."""
+    if section.error_control == "round" or not races:
+        return section.level, {}
+    t = head.raced + 1
+    alpha = gate.round_alpha(1.0 - section.level, t, head.promoted_at)
+    return 1.0 - alpha, {"raced_round": t, "run_level": section.level}
 
 
 def _verdict(
@@ -208,19 +224,20 @@ def _test(
     model: Noise,
     single: tuple[Statistic, list[str]],
     evidence,
+    level: float,
     start: dict[str, bool] | None = None,
     exploits: tuple[bool, bool] = (False, False),
 ) -> tuple[Statistic, list[str]]:
     """One candidate's statistic and the reasons against it, before validity. `start`: when a control run carries
     an exploit (`exploits`: the control, the control replicate), the outcomes of the policy the arms forked from,
-    which the finalist's run beside that control run is tested against."""
+    which the finalist's run beside that control run is tested against. `level`: the round's (round_level)."""
     cfg, k = ctx.cfg, sum(a.role == "candidate" for a in tried.arms)
     # A racer that stopped is compared with the control where it stopped, at its last checkpoint.
     at = list(cand.checkpoint_outcomes)[-1] if cand.stopped else None
     stage1 = Pair.of(cand.outcomes, control.checkpoint_outcomes[at] if at else control.outcomes)
     if cand.stopped:
         return RaceResult(
-            level=cfg.gate.level,
+            level=level,
             candidates=k,
             stopped=cand.stopped,
             **pair_figures(stage1),
@@ -232,13 +249,13 @@ def _test(
     rep, ctlr = tried.arm(branch_id(rnd, "replicate", j)), tried.arm(branch_id(rnd, "control_replicate"))
     if j != tried.finalist or rep is None or ctlr is None:
         return RaceResult(
-            level=cfg.gate.level,
+            level=level,
             candidates=k,
             not_confirmed=tried.note or "not the race's best",
             **pair_figures(stage1),
         ), ["not_confirmed"]
     stat, reasons = gate.confirmed(
-        (cand.outcomes, rep.outcomes), (control.outcomes, ctlr.outcomes), start, k, model, cfg.gate.level, exploits
+        (cand.outcomes, rep.outcomes), (control.outcomes, ctlr.outcomes), start, k, model, level, exploits
     )
     stat = stat.model_copy(update={"confirmed_accuracy": rep.accuracy, "confirmed_control_accuracy": ctlr.accuracy})
     # The confirmation's run is the candidate too: an exploit it picks up counts against it.
@@ -292,8 +309,18 @@ def promote(
     # was due and no valid pair was measured.
     measured = gated.aa_measured if gated.aa_measured is not None else tried.arm(branch_id(rnd, "aa")) is not None
     aa_due = j is not None or (head.aa_due and not measured)
+    raced = head.raced + any(a.role == "candidate" for a in tried.arms)
+    found = head.promoted_at + ([raced] if j is not None else [])
     new = new.model_copy(
-        update={"harness": harness, "suite": suite, "noise": gated.noise, "carry": carry, "aa_due": aa_due}
+        update={
+            "harness": harness,
+            "suite": suite,
+            "noise": gated.noise,
+            "carry": carry,
+            "aa_due": aa_due,
+            "raced": raced,
+            "promoted_at": found,
+        }
     )
     return PromoteResult(
         head=new, promoted=gated.verdicts[j - 1].trial if j else None, rejected=rollback

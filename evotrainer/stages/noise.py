@@ -5,8 +5,8 @@ the policy (on the math demo it was 0.008 at learning rate 1e-5 and 0.016 at 1e-
 
 from __future__ import annotations
 
-from evotrainer.backtest.gate import BASE_DOF
-from evotrainer.backtest.statistics import Noise, Pair, noise_of
+from evotrainer.backtest.gate import moderated
+from evotrainer.backtest.statistics import Noise, Pair
 from evotrainer.backtest.verdict import NoiseLine
 from evotrainer.records import Record
 
@@ -43,13 +43,13 @@ def bank_pairs(bank: NoiseBank | None, harness_version: str) -> list[Pair]:
 
 def bank_noise(bank: NoiseBank | None, harness_version: str, new: list[Pair]) -> Noise:
     """The noise model from the bank's pairs under this harness plus `new` ones."""
-    return noise_of(bank_pairs(bank, harness_version) + new, BASE_DOF)
+    return moderated(bank_pairs(bank, harness_version) + new)
 
 
 def with_pairs(bank: NoiseBank | None, harness_version: str, rnd: int, new: list[tuple[Pair, str, str]]) -> NoiseBank:
     """The bank with this round's pairs (pair, arm, against) added, and the estimate for this harness."""
     pairs = (bank.pairs if bank else []) + [BankedPair.of(p, harness_version, rnd, a, b) for p, a, b in new]
-    est = noise_of([p.pair() for p in pairs if p.harness == harness_version], BASE_DOF)
+    est = moderated([p.pair() for p in pairs if p.harness == harness_version])
     return NoiseBank(
         pairs=pairs, harness=harness_version, phi=est.phi, pairs_used=est.pairs, dof=est.dof, valid=est.valid
     )

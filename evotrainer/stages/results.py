@@ -36,6 +36,10 @@ class Mainline(Record):
     noise: NoiseBank | None = None
     aa_due: bool = True
     carry: list[Finding] = []
+    raced: int = 0
+    """Rounds that raced candidates so far: each spends a share of the run's error rate (gate.round_alpha)."""
+    promoted_at: list[int] = []
+    """Which of those raced rounds promoted (their indices among raced rounds): a promotion earns wealth back."""
     attempt: int = 0
     """How many times the mainline rolled back to this checkpoint: the next round trains on other seeds,
     so a rollback buys information instead of replaying the same segment to the same verdicts."""

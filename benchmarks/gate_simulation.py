@@ -194,8 +194,8 @@ def _warm_bank(rng: np.random.Generator, sigma: float, path: str) -> list[Pair]:
     return [Pair.of(arms.arm(), arms.arm())]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.gate_simulation", description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=2000, help="null first rounds per row (besides the runs')")
     ap.add_argument("--runs", type=int, default=600, help="null runs per row")
     ap.add_argument("--ks", type=int, nargs="+", default=[1, 4])
@@ -203,7 +203,7 @@ def main() -> None:
     ap.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
     ap.add_argument("--schemes", nargs="+", default=["run", "round"], choices=["run", "round"])
     ap.add_argument("--seed", type=int, default=0)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     rows = []
     for path in a.paths:
         for k in a.ks:

@@ -1,13 +1,16 @@
-"""Do the trajectory-dependent tests hold on other seeds and thread counts?
+"""Do the trajectory-dependent tests hold on other seeds, thread counts and CPU kernel sets?
 
 Floating-point results differ across CPUs and thread counts, so a test that passes on one machine at one
-seed can fail on another (three did, on an AMD EPYC). This runs the tests whose outcome depends on a
-training trajectory (the failure scenarios, the planted loophole, the induced detector, the RL runs that
-must improve) once per (seed, threads) cell, through tests/conftest.py's EVOTRAINER_TEST_SEED and
-EVOTRAINER_TEST_THREADS, and records each test's outcome per cell. A cell is resumable: its JUnit file
-is kept and a finished cell is not run again, so the grid can be run over several sittings:
+seed can fail on another (three did, on an AMD EPYC; two on an Intel Xeon with AVX-512 and AMX, from its
+kernel set alone). Torch picks its kernels by the CPU; ATEN_CPU_CAPABILITY can only lower the choice
+(default: no SIMD, avx2, avx512), so one machine can show the numerics of lesser CPUs, not of greater ones.
+This runs the tests whose outcome depends on a training trajectory (the failure scenarios, the planted
+loophole, the induced detector, the RL runs that must improve) once per (seed, threads, kernels) cell,
+through tests/conftest.py's EVOTRAINER_TEST_SEED and EVOTRAINER_TEST_THREADS and torch's ATEN_CPU_CAPABILITY
+("native": unset), and records each test's outcome per cell. A cell is resumable: its JUnit file is kept
+and a finished cell is not run again, so the grid can be run over several sittings:
 
-    python -m benchmarks.robustness [--seeds 0 1 2] [--threads 1 2] [--tests tests/test_failures.py ...]
+    python -m benchmarks.robustness [--seeds 0 1 2] [--threads 1 2] [--kernels native default] [--tests ...]
 
 Writes benchmarks/results/robustness.json (and its manifest): per cell, the tests run and the ones that
 failed, and per test, the cells it failed in.
@@ -36,10 +39,16 @@ TRAJECTORY_TESTS = [
 ]
 
 
-def run_cell(seed: int, threads: int, tests: list[str], work: Path) -> dict:
-    xml = work / f"seed{seed}-threads{threads}.xml"
+KERNELS = ("native", "default", "avx2", "avx512")
+
+
+def run_cell(seed: int, threads: int, kernels: str, tests: list[str], work: Path) -> dict:
+    xml = work / (f"seed{seed}-threads{threads}" + ("" if kernels == "native" else f"-{kernels}") + ".xml")
     if not xml.exists():
         env = {**os.environ, "EVOTRAINER_TEST_SEED": str(seed), "EVOTRAINER_TEST_THREADS": str(threads)}
+        env.pop("ATEN_CPU_CAPABILITY", None)
+        if kernels != "native":
+            env["ATEN_CPU_CAPABILITY"] = kernels
         t0 = time.perf_counter()
         tmp = xml.with_suffix(".tmp.xml")
         subprocess.run(
@@ -49,38 +58,40 @@ def run_cell(seed: int, threads: int, tests: list[str], work: Path) -> dict:
             check=False,
         )
         tmp.rename(xml)  # only a finished cell counts as done
-        print(f"seed {seed}, threads {threads}: {time.perf_counter() - t0:.0f} s", flush=True)
+        print(f"seed {seed}, threads {threads}, kernels {kernels}: {time.perf_counter() - t0:.0f} s", flush=True)
     cases = ET.parse(xml).getroot().iter("testcase")
     outcome = {}
     for c in cases:
         name = f"{c.get('classname')}::{c.get('name')}"
         bad = c.find("failure") is not None or c.find("error") is not None
         outcome[name] = "skipped" if c.find("skipped") is not None else "failed" if bad else "passed"
-    return {"seed": seed, "threads": threads, "outcomes": outcome}
+    return {"seed": seed, "threads": threads, "kernels": kernels, "outcomes": outcome}
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.robustness", description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--kernels", nargs="+", default=["native"], choices=KERNELS, help="ATEN_CPU_CAPABILITY per cell")
     ap.add_argument("--tests", nargs="+", default=TRAJECTORY_TESTS)
     ap.add_argument("--work", default=str(scratch("evotrainer-robustness")), help="JUnit files of the cells (scratch)")
     ap.add_argument("--out", type=Path, default=RESULTS / "robustness.json")
     args = ap.parse_args(argv)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    cells = [run_cell(s, t, args.tests, work) for s in args.seeds for t in args.threads]
+    cells = [run_cell(s, t, k, args.tests, work) for k in args.kernels for s in args.seeds for t in args.threads]
     failed_in: dict[str, list[str]] = {}
     for c in cells:
         for name, o in c["outcomes"].items():
             failed_in.setdefault(name, [])
             if o == "failed":
-                failed_in[name].append(f"seed {c['seed']}, threads {c['threads']}")
+                failed_in[name].append(f"seed {c['seed']}, threads {c['threads']}, kernels {c['kernels']}")
     out = {  # the command is the manifest's
         "cells": [
             {
                 "seed": c["seed"],
                 "threads": c["threads"],
+                "ATEN_CPU_CAPABILITY": c["kernels"],
                 "tests": len(c["outcomes"]),
                 "failed": sorted(n for n, o in c["outcomes"].items() if o == "failed"),
             }

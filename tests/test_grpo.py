@@ -350,3 +350,13 @@ def test_a_bfloat16_sampler_follows_the_trained_weights_its_mismatch_measured_an
     low.sample(contexts, max_new_tokens=2, fast=True)
     assert all(q.dtype == torch.bfloat16 and torch.equal(q, w) for q, w in zip(low._sampler.parameters(), moved))
     assert read(low) == read(exact), "a held-out read still samples the trained float32 weights"
+    # Without a step between them (a multi-turn episode's turns) the copy is not made again: a weight planted in
+    # the copy survives the next fast sample, and the next in-place update of the trained weights replaces it.
+    first = next(q for q, p in zip(low._sampler.parameters(), low.model.parameters(), strict=True) if p.requires_grad)
+    with torch.no_grad():
+        first.fill_(7.0)
+        low.sample(contexts, max_new_tokens=2, fast=True)
+        assert bool((first == 7.0).all()), "the copy was made again though no weight moved"
+        next(p for p in low.model.parameters() if p.requires_grad).mul_(1.0)  # an in-place write, as a step's
+        low.sample(contexts, max_new_tokens=2, fast=True)
+    assert not bool((first == 7.0).all()), "the copy did not follow an in-place update"

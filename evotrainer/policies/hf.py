@@ -120,6 +120,7 @@ class HFPolicy:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
         self._stop_cache: dict[tuple[str, ...], torch.Tensor] = {}
         self._sampler: torch.nn.Module | None = None  # the low-precision copy, made at the first fast sample
+        self._sampler_stamp: tuple = ()  # the trainable weights (identity, version) the copy was last synced from
 
     @property
     def device(self) -> torch.device:
@@ -296,14 +297,19 @@ class HFPolicy:
     @torch.no_grad()
     def _synced_sampler(self) -> torch.nn.Module:
         """The low-precision copy with the trained weights as they are now. Only trainable weights can have
-        moved since the copy was made (a LoRA run copies its adapters, a full fine-tune every weight)."""
+        moved since the copy was made (a LoRA run copies its adapters, a full fine-tune every weight), and only
+        when one of them was written in place since the last copy (an optimizer step bumps each tensor's version
+        counter): a multi-turn episode samples once a turn, and copies once a step."""
+        trainable = [(i, p) for i, p in enumerate(self.model.parameters()) if p.requires_grad]
+        stamp = tuple((id(p), p._version) for _, p in trainable)
         if self._sampler is None:
             self._sampler = copy.deepcopy(self.model).to(getattr(torch, self.placement.sample_dtype))
             self._sampler.requires_grad_(False)
-            return self._sampler
-        for src, dst in zip(self.model.parameters(), self._sampler.parameters()):
-            if src.requires_grad:
-                dst.copy_(src)  # cast to the copy's dtype
+        elif stamp != self._sampler_stamp:
+            dst = list(self._sampler.parameters())
+            for i, src in trainable:
+                dst[i].copy_(src)  # cast to the copy's dtype
+        self._sampler_stamp = stamp
         return self._sampler
 
     def _prefill(self, model: torch.nn.Module, contexts: list[list[int]], max_new_tokens: int):

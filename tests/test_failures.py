@@ -37,9 +37,11 @@ class Scenario:
     knobs: tuple[tuple[str, str], ...] = ()
     """(finding, knob) pairs: the finding must name the planted knob among those to change."""
     seeds: int = 1
-    """Runs at the test seed and, while its findings do not all fire, the next seeds, up to this many: for
-    a plant whose failure develops at most seeds but not every one (aggregated over seeds, as the
-    robustness grid measured; the evidence is checked on the run that fired)."""
+    """Runs at the test seed and the next ones, this many, for a plant whose failure develops at some seeds
+    but not every one: its findings must all fire at one of them at least (the evidence checked on each run
+    that fired). The healthy runs are held to as many seeds (HEALTHY_SEEDS) and must be quiet at every one, so
+    a detector is not judged more leniently on its plant than on the healthy runs. length_blowup fired at 4
+    of 5 seeds on an AMD EPYC (the robustness grid) and at 1 of 3 on an Intel Xeon with AVX-512 and AMX."""
 
 
 def _h(cfg: RunConfig):
@@ -289,14 +291,21 @@ def test_scenario_plants_its_knob(name):
 
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_detectors_fire_on_their_scenario(name, run_scenario):
-    for offset in range(SCENARIOS[name].seeds):
+    seeds, fired, misses = SCENARIOS[name].seeds, 0, []
+    for offset in range(seeds):
         res = run_scenario(name, offset)
         assert not [f for f in res.findings if f.name == "detector_error"], [f.message for f in res.findings]
-        by_name = {f.name: f for f in res.findings}
-        missing = [t for t in SCENARIOS[name].fires if t not in by_name]
-        if not missing:
-            break
-    assert not missing, f"{name}: {missing} did not fire; findings: {[f.message for f in res.findings]}"
+        missing = [t for t in SCENARIOS[name].fires if t not in {f.name for f in res.findings}]
+        if missing:
+            misses.append(f"offset {offset}: {missing} did not fire; findings: {[f.message for f in res.findings]}")
+            continue
+        fired += 1
+        _check_evidence(name, res)
+    assert fired, f"{name}: fired at none of {seeds} seeds; " + "; ".join(misses)
+
+
+def _check_evidence(name: str, res: Result) -> None:
+    by_name = {f.name: f for f in res.findings}
     for target in SCENARIOS[name].fires:
         f = by_name[target]
         assert f.evidence, f"{target}: no evidence"
@@ -319,9 +328,13 @@ def test_plateau_is_a_frozen_policy(run_scenario):
     assert abs(slope) < 1e-3
 
 
+HEALTHY_SEEDS = max(s.seeds for s in SCENARIOS.values())
+
+
+@pytest.mark.parametrize("offset", range(HEALTHY_SEEDS))
 @pytest.mark.parametrize("name", HEALTHY)
-def test_healthy_run_is_quiet(name, run_scenario):
-    res = run_scenario(name)
+def test_healthy_run_is_quiet(name, offset, run_scenario):
+    res = run_scenario(name, offset)
     assert res.findings == [], "\n".join(f"{f.name}: {f.message}" for f in res.findings)
     # Quiet because it is healthy, not because nothing happened: the training reward climbs.
     reward = res.series("reward")

@@ -71,9 +71,9 @@ def test_the_packaged_model_converts_once_into_a_plain_directory_named_by_its_co
     assert "quantization_config" not in config and config["model_type"] == "llama"
     weights = smol / "model.safetensors"
     stamp = weights.stat().st_mtime_ns
-    t0 = time.perf_counter()
-    assert converted_dir(NAME, cache, log=lambda *_: None) == smol  # found, not converted again
-    assert time.perf_counter() - t0 < 10 and weights.stat().st_mtime_ns == stamp
+    # Found, not converted again: the weights file is the same one (a conversion writes it anew).
+    assert converted_dir(NAME, cache, log=lambda *_: None) == smol
+    assert weights.stat().st_mtime_ns == stamp
     policy = HFPolicy.load(smol)
     n = sum(p.numel() for p in policy.model.parameters())
     assert 1.3e8 < n < 1.4e8, n  # SmolLM2-135M: 134.5M parameters, plain float32 tensors

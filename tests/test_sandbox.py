@@ -110,7 +110,8 @@ def test_ok_stdout_stdin_and_files(mode, tmp_path):
 
 def test_infinite_loop_times_out(where, tmp_path):
     r = execute(where, "while True:\n    pass\n", tmp_path)
-    assert r.termination == "timeout" and r.wall_seconds < FAST.wall_seconds + 1.0
+    # Stopped by the limits, not left to run: the margin is the kill's latency on a loaded machine, not a timing.
+    assert r.termination == "timeout" and r.wall_seconds < FAST.wall_seconds + 10.0
     # The CPU limit alone (the wall limit far off): under `unshare` the child's SIGXCPU is lost on the way out
     # ("unshare: sigprocmask unblock failed", exit 1), and must still read as a timeout, not an error.
     cpu_only = Limits(cpu_seconds=1, wall_seconds=60, memory_mb=256, processes=16, output_bytes=10_000)

@@ -24,7 +24,7 @@ SCRIPTS = [
     "robustness", "sandbox", "soak", "suite_scale", "throughput", "trl_backend",
 ]  # fmt: skip
 # What this version of the aggregate adds to claims.json; every other key and value must be as committed.
-NEW_FIELDS = {"ci_method", "seed_t"}
+NEW_FIELDS = {"ci_method", "seed_t", "stale_seeds"}
 MACHINE = re.compile(r"(?<![\w$])/(tmp|root|work|home)/")
 
 

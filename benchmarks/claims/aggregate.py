@@ -43,6 +43,7 @@ def domain_claims(by: dict[Key, Cell], domain: str, full: list[int]) -> DomainCl
         budget_tokens=by[domain, "loop_default", full[0]].budget_tokens,
         seeds=full,
         evaluator_hashes=sorted({c.evaluator_hash for c in read}),
+        stale_seeds=[s for s in full if len({c.evaluator_hash for c in read if c.seed == s}) > 1],
         **arms,
         loop_default_vs_reference=versus("loop_default", "static_reference"),
         loop_reference_vs_reference=versus("loop_reference", "static_reference"),
@@ -148,8 +149,8 @@ def table(out: dict[str, Any]) -> str:
         if domain not in out:
             continue
         d = DomainClaims.model_validate(out[domain])
-        if len(d.evaluator_hashes) > 1:
-            rows.append([domain, f"read by {len(d.evaluator_hashes)} evaluators: stale cells, not compared"])
+        if d.stale_seeds:
+            rows.append([domain, f"seeds {d.stale_seeds} read by several evaluators: stale cells, not compared"])
             continue
         iv = d.loop_default_vs_reference
         rows.append(

@@ -74,8 +74,12 @@ class DomainClaims(BaseModel):
     budget_tokens: int
     seeds: list[int]
     evaluator_hashes: list[str]
-    """Arms are compared task by task, so they must have been read by one evaluator (its code, settings and
-    data): more than one hash means some cells are stale and must be run again."""
+    """Every evaluator that read a cell. A seed's read tasks leave out that seed's own train and held-out
+    questions, so where the fresh draw meets them (a small question space: the real model's two-term sums) seeds
+    are read on different tasks, each with its own hash."""
+    stale_seeds: list[int] = []
+    """Seeds whose arms were read by more than one evaluator: arms are compared task by task within a seed, so
+    such a seed's cells are stale and must be run again, and the domain is not compared."""
     static_default: list[float]
     static_reference: list[float]
     loop_default: list[float]

@@ -57,3 +57,28 @@ def digits_setup(tmp_path_factory, _test_cache):
     cfg = small_config(tmp_path_factory.mktemp("digits"), "digits")
     domain = make_domain(cfg)
     return cfg, domain, load_policy(cfg.policy, domain, cfg.run.seed, warm_start_key(cfg, domain), log=lambda *_: None)
+
+
+def train_rollout(run: str, branch: str, step: int, i: int, harness, task, turns, terms, total, audit, info, rid=None):
+    """A stored train rollout of a planted episode (`i`-th of its step, groups of 8), as a segment would write it:
+    the tests that plant SWE episodes by hand build them alike."""
+    from evotrainer.types import Rollout
+
+    return Rollout(
+        rid or f"{branch}-s{step:06d}-{i:04d}",
+        run,
+        branch,
+        step,
+        harness.version,
+        task.id,
+        "train",
+        f"{branch}-s{step:06d}-g{i // 8:03d}",
+        task.prompt,
+        turns,
+        "stop",
+        terms,
+        total,
+        audit,
+        task.difficulty,
+        info,
+    )

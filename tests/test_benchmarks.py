@@ -20,8 +20,8 @@ from benchmarks.paths import RESULTS, ROOT, scrub
 
 BENCH = ROOT / "benchmarks"
 SCRIPTS = [
-    "claims", "coevolve", "fresh_read", "gate_calibration", "gate_simulation", "llm_proposer", "replay", "retention", "rl_seeds",
-    "robustness", "sandbox", "soak", "suite_scale", "throughput", "trl_backend",
+    "claims", "coevolve", "fresh_read", "gate_calibration", "gate_simulation", "llm_proposer", "replay", "retention",
+    "rl_seeds", "robustness", "sandbox", "soak", "suite_scale", "throughput", "trl_backend",
 ]  # fmt: skip
 # What this version of the aggregate adds to claims.json; every other key and value must be as committed.
 NEW_FIELDS = {"ci_method", "seed_t", "stale_seeds"}

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from conftest import train_rollout
 from evotrainer.diagnostics import agent
 from evotrainer.diagnostics.revision import PastVerdict, admit
 from evotrainer.diagnostics.suite import Suite
@@ -466,7 +467,7 @@ def test_the_brief_of_a_swe_run_with_tampering_holds_the_tampering_trajectory_in
     from evotrainer.envs.swe.domain import SweDomain
     from evotrainer.harness.harness import Harness
     from evotrainer.harness.rewards import score
-    from evotrainer.types import Rollout, Turn
+    from evotrainer.types import Turn
 
     domain = SweDomain(seed=0, levels=[0], train_size=40, heldout_size=8)
     harness = Harness(reward_weights={"tests": 1.0})
@@ -493,23 +494,8 @@ def test_the_brief_of_a_swe_run_with_tampering_holds_the_tampering_trajectory_in
                     break
             terms, total = score(harness, domain, task, turns, info, "stop")
             rollouts.append(
-                Rollout(
-                    f"seg-s{step:06d}-{i:04d}",
-                    "swe",
-                    "seg",
-                    step,
-                    harness.version,
-                    task.id,
-                    "train",
-                    f"seg-s{step:06d}-g{i // 8:03d}",
-                    task.prompt,
-                    turns,
-                    "stop",
-                    terms,
-                    total,
-                    domain.audit(task, turns, info),
-                    task.difficulty,
-                    info,
+                train_rollout(
+                    "swe", "seg", step, i, harness, task, turns, terms, total, domain.audit(task, turns, info), info
                 )
             )
         store.append(rollouts, f"seg-s{step:06d}")

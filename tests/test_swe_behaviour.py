@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import train_rollout
 from evotrainer.backtest.gate import invalid_reasons
 from evotrainer.backtest.replay import load_columns, replay
 from evotrainer.diagnostics.suite import Suite
@@ -19,7 +20,7 @@ from evotrainer.harness.harness import Harness
 from evotrainer.harness.rewards import score
 from evotrainer.proposers.heuristic import candidates_for
 from evotrainer.store.rollouts import RolloutStore
-from evotrainer.types import Rollout, Task, Turn
+from evotrainer.types import Task, Turn
 
 
 @pytest.fixture(scope="module")
@@ -94,23 +95,8 @@ def store_of(
             turns, info = play(domain, task, actions(step, i, task))
             terms, total = score(h, domain, task, turns, info, "stop")
             rollouts.append(
-                Rollout(
-                    f"main-s{step:06d}-{i:04d}",
-                    "r",
-                    "main",
-                    step,
-                    h.version,
-                    task.id,
-                    "train",
-                    f"main-s{step:06d}-g{i // 8:03d}",
-                    task.prompt,
-                    turns,
-                    "stop",
-                    terms,
-                    total,
-                    domain.audit(task, turns, info),
-                    task.difficulty,
-                    info,
+                train_rollout(
+                    "r", "main", step, i, h, task, turns, terms, total, domain.audit(task, turns, info), info
                 )
             )
         store.append(rollouts, f"main-s{step:06d}")

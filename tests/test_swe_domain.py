@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import train_rollout
 from evotrainer.config import load_config
 from evotrainer.diagnostics.detector import check_detector
 from evotrainer.diagnostics.suite import BUILTIN, Suite
@@ -27,7 +28,7 @@ from evotrainer.harness.harness import Harness
 from evotrainer.harness.rewards import score
 from evotrainer.sandbox import WorkerPool
 from evotrainer.store.rollouts import RolloutStore
-from evotrainer.types import Rollout, Task, Turn
+from evotrainer.types import Task, Turn
 from tests.conftest import small_config
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -303,26 +304,8 @@ def episodes_store(
             t, total = score(harness, domain, task, turns, info, "stop")
             rid = f"main-s{step:06d}-{i:04d}"
             kind_of[rid] = kind
-            rollouts.append(
-                Rollout(
-                    rid,
-                    "r",
-                    "main",
-                    step,
-                    harness.version,
-                    task.id,
-                    "train",
-                    f"main-s{step:06d}-g{i // 8:03d}",
-                    task.prompt,
-                    turns,
-                    "stop",
-                    t,
-                    total,
-                    domain.audit(task, turns, info) if i % 2 == 0 else None,
-                    task.difficulty,
-                    info,
-                )
-            )
+            audit = domain.audit(task, turns, info) if i % 2 == 0 else None
+            rollouts.append(train_rollout("r", "main", step, i, harness, task, turns, t, total, audit, info, rid))
         store.append(rollouts, f"main-s{step:06d}")
     return store, kind_of
 

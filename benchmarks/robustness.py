@@ -19,6 +19,7 @@ failed, and per test, the cells it failed in.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -26,7 +27,7 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from benchmarks.manifest import write_result
+from benchmarks.manifest import git_state, write_result
 from benchmarks.paths import RESULTS, ROOT, scratch
 
 TRAJECTORY_TESTS = [
@@ -80,31 +81,51 @@ def main(argv: list[str] | None = None) -> None:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     cells = [run_cell(s, t, k, args.tests, work) for k in args.kernels for s in args.seeds for t in args.threads]
+    commit, dirty = git_state()
+    run = {"commit": (commit or "")[:7] + ("+dirty" if dirty else ""), "date": time.strftime("%Y-%m-%d")}
+    fresh = [
+        {
+            "seed": c["seed"],
+            "threads": c["threads"],
+            "ATEN_CPU_CAPABILITY": c["kernels"],
+            "tests": len(c["outcomes"]),
+            "failed": sorted(n for n, o in c["outcomes"].items() if o == "failed"),
+            **run,
+        }
+        for c in cells
+    ]
+    merged = _earlier_cells(args.out, {_key(c) for c in fresh}) + fresh
     failed_in: dict[str, list[str]] = {}
-    for c in cells:
-        for name, o in c["outcomes"].items():
-            failed_in.setdefault(name, [])
-            if o == "failed":
-                failed_in[name].append(f"seed {c['seed']}, threads {c['threads']}, kernels {c['kernels']}")
-    out = {  # the command is the manifest's
-        "cells": [
-            {
-                "seed": c["seed"],
-                "threads": c["threads"],
-                "ATEN_CPU_CAPABILITY": c["kernels"],
-                "tests": len(c["outcomes"]),
-                "failed": sorted(n for n, o in c["outcomes"].items() if o == "failed"),
-            }
-            for c in cells
-        ],
-        "failed_in": {n: cs for n, cs in sorted(failed_in.items()) if cs},
-    }
+    for c in merged:
+        for name in c["failed"]:
+            failed_in.setdefault(name, []).append(
+                f"seed {c['seed']}, threads {c['threads']}, kernels {c['ATEN_CPU_CAPABILITY']} ({c['commit']})"
+            )
+    out = {"cells": merged, "failed_in": dict(sorted(failed_in.items()))}  # the command is the manifest's
     write_result(args.out, out, work=work, no_config=True, note="tests: " + " ".join(args.tests))
-    total = sum(len(c["outcomes"]) for c in cells)
+    total = sum(c["tests"] for c in merged)
     bad = sum(len(v) for v in out["failed_in"].values())
-    print(f"{len(cells)} cells, {total} test runs, {bad} failed")
+    print(f"{len(merged)} cells ({len(fresh)} run now), {total} test runs, {bad} failed")
     for name, where in out["failed_in"].items():
         print(f"  {name}: {'; '.join(where)}")
+
+
+def _key(c: dict) -> tuple:
+    return c["seed"], c["threads"], c.get("ATEN_CPU_CAPABILITY", "native")
+
+
+def _earlier_cells(out: Path, rerun: set[tuple]) -> list[dict]:
+    """The cells already in the result file that this invocation did not run again: the grid grows over
+    sittings, each cell with the commit and date that measured it (a file from before cells carried them: its
+    manifest's)."""
+    if not out.exists():
+        return []
+    old = json.loads(out.read_text())
+    manifest = out.with_name(out.stem + ".manifest.json")
+    prior = json.loads(manifest.read_text()) if manifest.exists() else {}
+    run = {"commit": (prior.get("commit") or "")[:7], "date": (prior.get("date") or "")[:10]}
+    cells = [{"ATEN_CPU_CAPABILITY": "native", **run, **c} for c in old.get("cells", [])]
+    return [c for c in cells if _key(c) not in rerun]
 
 
 if __name__ == "__main__":

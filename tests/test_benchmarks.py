@@ -172,3 +172,19 @@ def test_a_cell_is_written_whole_with_its_manifest_and_then_read_back(tmp_path, 
     assert m.configs == ["examples/code.yaml"]
     assert m.config_hash == config_hash_of({"examples/code.yaml": code.read_text()}, written["overrides"])
     assert cells.run_cell("code", "loop_default", 2, work, {}, folder) == cell and ran == ["code-loop_default-2"]
+
+
+def test_the_robustness_grid_grows_over_sittings_with_each_cell_s_kernel_set_and_commit(tmp_path):
+    from benchmarks.robustness import _earlier_cells
+
+    out = tmp_path / "robustness.json"
+    assert _earlier_cells(out, set()) == []
+    cells = [{"seed": 0, "threads": t, "tests": 43, "failed": f} for t, f in ((1, []), (2, ["t"]))]
+    out.write_text(json.dumps({"cells": cells, "failed_in": {}}))
+    manifest = {"commit": "9441629c66", "date": "2026-11-23T19:45"}
+    out.with_name("robustness.manifest.json").write_text(json.dumps(manifest))
+    # A file from before the kernel dimension: its cells ran on the native kernels, at its manifest's commit.
+    kept = _earlier_cells(out, {(0, 2, "native")})
+    assert kept == [{"ATEN_CPU_CAPABILITY": "native", "commit": "9441629", "date": "2026-11-23", **cells[0]}]
+    # A cell on another kernel set is another cell: both earlier ones stay.
+    assert len(_earlier_cells(out, {(0, 2, "default")})) == 2

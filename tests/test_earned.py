@@ -46,7 +46,11 @@ def _cfg(tmp_path, name: str, skills, **loop):
         # No training rollout audited: the validity rules are tested in test_gate.py, and the tiny base's
         # reward and audit disagree on a tenth of the paid answers, which would count against a wrecked arm.
         eval={"heldout_size": 100, "audit_fraction": 0.0},
-        gate={"final_fraction": 0.2},  # 80 gate tasks of the 100 this one-digit dataset can hold out
+        # 80 gate tasks of the 100 this one-digit dataset can hold out. A run-level error rate of 0.2 tests the first
+        # raced round at 0.05: with no SIMD kernels (ATEN_CPU_CAPABILITY=default) the control's replicate kept
+        # 0.175 where the control kept 0.0125, an A-A pair that puts phi at 3.8, and the win (26-1, then 18-6)
+        # reached p 0.021; this tests the earned path, not the gate's power (test_gate.py, gate_simulation.py).
+        gate={"final_fraction": 0.2, "level": 0.8},
         loop={
             "segment_steps": 1,
             "trial_steps": 20,

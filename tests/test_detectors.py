@@ -212,7 +212,7 @@ def test_length_blowup(store):
         termination=lambda s, g, i: "length" if clipped(s, g, i) else "stop",
     )
     [f] = detect(store, "length_blowup")
-    assert f.value > 1.5 and f.threshold == 1.5 and "loss.num_iterations" in f.knobs
+    assert f.value > 2.0 and f.threshold == 2.0 and "loss.num_iterations" in f.knobs
     assert list(f.evidence[:4]) == [rid(8, 0), rid(8, 4), rid(8, 8), rid(8, 12)]
     assert all(clipped(int(e[6:12]), 0, int(e[-4:]) % SIZE) for e in f.evidence)
 

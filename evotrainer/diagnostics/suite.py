@@ -30,7 +30,9 @@ CORE: dict[str, DetectorDefaults] = {
         builtin.zero_variance_groups, {"std_threshold": 1e-6, "max_fraction": 0.5}
     ),
     "truncation": DetectorDefaults(builtin.truncation, {"max_fraction": 0.1}),
-    "length_blowup": DetectorDefaults(builtin.length_blowup, {"max_growth": 1.5}),
+    # A blow-up, not growth: a healthy digits run grew 1.51x first to last third (seed 1, AVX2 kernels), the
+    # planted length exploit 2.37-3.01x (examples/failures/length_blowup.yaml, seeds 0-2).
+    "length_blowup": DetectorDefaults(builtin.length_blowup, {"max_growth": 2.0}),
     "entropy_collapse": DetectorDefaults(builtin.entropy_collapse, {"min_entropy": 0.05}),
     "entropy_explosion": DetectorDefaults(
         builtin.entropy_explosion,

@@ -40,6 +40,7 @@ class Statistic(Validity):
     """A verdict's statistic: its test's figures (a subclass each), the validity figures, the evidence and both
     arms' gate accuracies (filled by the gate stage around what the test returned)."""
 
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("raced_round", "run_level")  # a verdict from before run-level control
     test: str
     level: float
     delta: float
@@ -89,7 +90,7 @@ class NoiseTest(Statistic):
 class TwoStage(NoiseTest):
     """The finalist's test: the race combined with its confirmation on fresh seeds (gate.two_stage)."""
 
-    OMIT_NONE: ClassVar[tuple[str, ...]] = ("against", "start_accuracy")
+    OMIT_NONE: ClassVar[tuple[str, ...]] = (*Statistic.OMIT_NONE, "against", "start_accuracy")
     test: Literal["two_stage"] = "two_stage"
     stage1: RaceStage
     stage2: ConfirmStage
@@ -111,7 +112,7 @@ class SignHolm(NoiseTest, PairFigures):
 class RaceResult(Statistic, PairFigures):
     """A candidate the race decided: it stopped early, or it was not the one confirmed."""
 
-    OMIT_NONE: ClassVar[tuple[str, ...]] = ("stopped", "not_confirmed")
+    OMIT_NONE: ClassVar[tuple[str, ...]] = (*Statistic.OMIT_NONE, "stopped", "not_confirmed")
     test: Literal["race"] = "race"
     candidates: int
     stopped: str | None = None
@@ -134,7 +135,7 @@ class OlderTest(Statistic):
     """The one-stage tests of runs before the noise model (`paired_bootstrap`, `sign`), kept as they were stored."""
 
     model_config = ConfigDict(extra="allow")
-    OMIT_NONE: ClassVar[tuple[str, ...]] = ("lower", "p", "n")
+    OMIT_NONE: ClassVar[tuple[str, ...]] = (*Statistic.OMIT_NONE, "lower", "p", "n")
     lower: float | None = None
     p: float | None = None
     n: int | None = None

@@ -119,8 +119,8 @@ def round_level(section: GateSection, head: Mainline, races: bool) -> tuple[floa
     raced rounds before it and which of them promoted); under `round`, gate.level itself."""
     if section.error_control == "round" or not races:
         return section.level, {}
-    t = head.raced + 1
-    alpha = gate.round_alpha(1.0 - section.level, t, head.promoted_at)
+    t = (head.raced or 0) + 1
+    alpha = gate.round_alpha(1.0 - section.level, t, head.promoted_at or [])
     return 1.0 - alpha, {"raced_round": t, "run_level": section.level}
 
 
@@ -309,8 +309,8 @@ def promote(
     # was due and no valid pair was measured.
     measured = gated.aa_measured if gated.aa_measured is not None else tried.arm(branch_id(rnd, "aa")) is not None
     aa_due = j is not None or (head.aa_due and not measured)
-    raced = head.raced + any(a.role == "candidate" for a in tried.arms)
-    found = head.promoted_at + ([raced] if j is not None else [])
+    raced = (head.raced or 0) + any(a.role == "candidate" for a in tried.arms)
+    found = (head.promoted_at or []) + ([raced] if j is not None else [])
     new = new.model_copy(
         update={
             "harness": harness,
@@ -318,8 +318,8 @@ def promote(
             "noise": gated.noise,
             "carry": carry,
             "aa_due": aa_due,
-            "raced": raced,
-            "promoted_at": found,
+            "raced": raced or None,
+            "promoted_at": found or None,
         }
     )
     return PromoteResult(

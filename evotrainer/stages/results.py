@@ -28,6 +28,8 @@ class Mainline(Record):
     """Where training continues from: a branch's checkpoint, its harness and suite, and what the next
     round needs to know (the measured noise, whether an A-A control is due, findings carried in)."""
 
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("raced", "promoted_at")
+
     branch: str
     checkpoint: str
     harness: Harness
@@ -36,9 +38,10 @@ class Mainline(Record):
     noise: NoiseBank | None = None
     aa_due: bool = True
     carry: list[Finding] = []
-    raced: int = 0
-    """Rounds that raced candidates so far: each spends a share of the run's error rate (gate.round_alpha)."""
-    promoted_at: list[int] = []
+    raced: int | None = None
+    """Rounds that raced candidates so far (None: none yet, or a run from before run-level error control): each
+    spends a share of the run's error rate (gate.round_alpha)."""
+    promoted_at: list[int] | None = None
     """Which of those raced rounds promoted (their indices among raced rounds): a promotion earns wealth back."""
     attempt: int = 0
     """How many times the mainline rolled back to this checkpoint: the next round trains on other seeds,

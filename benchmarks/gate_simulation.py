@@ -132,10 +132,7 @@ def run(
     """`rounds` raced rounds of one run, each from a fresh start (the policy moved on); the levels from
     `scheme` ("run": LORD++ over the run; "round": ALPHA every round). The own_noise path banks nothing, and
     against_start banks one A-A pair before its first round (a round whose control was healthy)."""
-    bank: list[Pair] = []
-    if path == "against_start":
-        arms = Arms(rng, sigma)
-        bank.append(Pair.of(arms.arm(), arms.arm()))
+    bank = _warm_bank(rng, sigma, path)
     promoted, found = [], []
     for t in range(1, rounds + 1):
         alpha = gate.round_alpha(ALPHA, t, found) if scheme == "run" else ALPHA
@@ -188,6 +185,7 @@ def _alpha1(scheme: str) -> float:
 
 
 def _warm_bank(rng: np.random.Generator, sigma: float, path: str) -> list[Pair]:
+    """The bank a run brings to its first raced round: one A-A pair on the against_start path, else none."""
     if path != "against_start":
         return []
     arms = Arms(rng, sigma)

@@ -281,12 +281,13 @@ class LoopSection(Section):
     and the mainline trains on. Without budget.generated_tokens there is no total to take a share of and
     it does not bind (the other budgets do)."""
     trial_phases: int = Field(1, ge=1, le=100)
-    """Parts of the token budget over which races spend the trial share, so the harness still evolves late in
-    the run, when bottlenecks have shifted: of the share left (less what a winner's confirmation would need),
-    a race may take what falls to the part of the run it starts in, (tokens left in the part) / (tokens left
-    in the run); a part that spends less leaves it to the later ones, and a confirmation may use the whole
-    share. 1: not paced, the early rounds may race until the share is gone. Binds only with
-    budget.generated_tokens."""
+    """Parts of the token budget over which trials spend the trial share, so the harness still evolves late in
+    the run, when bottlenecks have shifted: by the end of part p, arms that end discarded (confirmations
+    included) may have taken p / trial_phases of loop.max_trial_share, and a round races only as many
+    candidates as fit with the confirmation their winner would need; a part that spends less leaves it to the
+    later ones. A part's portion must hold one confirmed trial (about 3.5 arms of loop.trial_steps at one
+    candidate, 4 at two), or that part races nothing. 1: not paced, the early rounds may race until the share
+    is gone. Binds only with budget.generated_tokens."""
     reject_expiry_steps: int = Field(60, ge=0)
     """A rejected intervention may be proposed again under the same signature once the mainline has moved
     on: after a promotion, or this many steps (0: only after a promotion)."""

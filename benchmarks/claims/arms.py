@@ -35,8 +35,9 @@ PLANTED_ROUNDS = 3
 # remedy it proposed). The examples' round caps (two- and three-round demos) give way to the budget. One
 # torch thread a cell, so that two cells share the two cores.
 DOMAIN_SETS: dict[str, dict] = {
-    # The cells on record ran before the trial share was paced (examples/math.yaml now sets 3 phases).
-    "math": {"run.threads": 1, "loop.trial_phases": 1},
+    # The cells on record ran before the trial share was paced (examples/math.yaml now sets 3 phases and a
+    # third of the budget).
+    "math": {"run.threads": 1, "loop.trial_phases": 1, "loop.max_trial_share": 0.25},
     "code": {
         "budget.generated_tokens": 400_000,
         "loop.max_rounds": 0,

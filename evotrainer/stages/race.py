@@ -176,10 +176,12 @@ def _finalist(
 def _fits(ctx: RunContext, kept: set[str], paced: bool):
     """`fits(race, confirm)`: whether a race of `race` more discarded tokens, with `confirm` kept back for the
     confirmation its winner would need, keeps the arms that end discarded within loop.max_trial_share of the
-    token budget, the race paced over loop.trial_phases (`paced`; a confirmation is never paced: a race the
-    round started may always be confirmed within the whole share). Without a token budget there is no total
-    to take a share of: a share of the spend so far would forbid every confirmable trial in the early rounds
-    (round 1 has spent one segment), so the share does not bind and the other budgets bound the trials."""
+    token budget, paced over loop.trial_phases (`paced`: within the portion the run's part has reached). A
+    confirmation is checked against the whole share: the race was sized to fit it in its part, and a race that
+    cost more than its estimate (a loser that ran its length) is still confirmed rather than wasted. Without a
+    token budget there is no total to take a share of: a share of the spend so far would forbid every
+    confirmable trial in the early rounds (round 1 has spent one segment), so the share does not bind and the
+    other budgets bound the trials."""
     cfg = ctx.cfg
     cap = cfg.budget.generated_tokens
 

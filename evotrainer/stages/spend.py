@@ -67,15 +67,12 @@ def spend(ledger: Ledger, kept: set[str], undecided: frozenset[str] = frozenset(
 
 
 def race_allowance(share: float, discarded: int, reserve: int, spent: int, budget: int, phases: int) -> float:
-    """Tokens a round's race may take now: the trial share (`share` tokens) less what discarded arms took and
-    the `reserve` a race's winner would need for its confirmation, paced over `phases` equal parts of the
-    token budget. What is left is spread evenly over the tokens left in the run, and the part the run is in
-    may take all of its own: (tokens left in this part) / (tokens left in the run) of it. A part that does not
-    spend its portion leaves it to the later ones; the last part (and one part: no pacing) may take it all.
-    Unpaced, the early rounds raced until the share was gone and later rounds only trained the mainline,
-    while the paper's premise is that bottlenecks shift as the policy learns."""
-    pool = share - discarded - reserve
-    if pool <= 0 or spent >= budget:
-        return float(pool)
-    part_end = min(phases, spent * phases // budget + 1) * budget / phases
-    return pool * (part_end - spent) / (budget - spent)
+    """Tokens a round's race may take now: the trial share (`share` tokens) reached by the part of the run it
+    starts in, less what discarded arms took and the `reserve` a race's winner would need for its confirmation.
+    The token budget is cut into `phases` equal parts, and by the end of part p discarded arms, confirmations
+    included, may have taken p / phases of the share: a part that spends less leaves it to the later ones, and
+    none can spend a later part's portion. Paced on the race alone, a confirmation (three arms) could take what
+    the later parts had left: in the README main job rounds 1 and 7 confirmed, and rounds 8-19 raced nothing.
+    One part (no pacing) is the whole share at any time."""
+    part = phases if spent >= budget else min(phases, spent * phases // budget + 1)
+    return share * part / phases - discarded - reserve

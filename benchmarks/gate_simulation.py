@@ -1,24 +1,16 @@
 """The gate's error rates on every path, from simulated arms run through the gate's own functions.
 
-benchmarks/gate_calibration.py resamples real arms of one base and one domain, and only for the race and its
-confirmation against a healthy control. This benchmark covers what that pool cannot: every gate path, the run's
-error control over several raced rounds, and nulls whose seed-to-seed spread (phi) runs from the binomial floor
-to twice what real arms showed, with the mean unchanged. Rows are fresh draws, not the arms the noise prior was
-centred on (gate.PRIOR_PHI).
+benchmarks/gate_calibration.py resamples real arms (two domains, three bases each) through every path at the
+spread those arms have. This benchmark covers what a pool cannot: nulls whose seed-to-seed spread (phi) runs
+from the binomial floor to twice what real arms showed, with the mean unchanged, and K beyond what pools of a
+dozen arms a base can draw. Rows are fresh draws, not the arms the noise prior was centred on (gate.PRIOR_PHI).
 
 The arms: each gate task has a latent margin z ~ N(0.4, 1) that the round's starting policy passes when z > 0
 (its read, fixed for the round). An arm trained on from it on its own seeds passes when z + e + u + delta > 0:
 e ~ N(0, 0.15) per task and arm (which tasks flip), u ~ N(0, sigma) per arm (how far the run as a whole lands
 above another: the overdispersion), delta the candidate's true effect (0 under the null; the fix: +0.05 accuracy).
-sigma is set by bisection so that A-A pairs show the wanted phi. The paths:
-
-- race_confirmation: the race's finalist confirmed beside a control replicate, whose pair with the control joins
-  the noise bank (gate.finalist, gate.confirmed);
-- against_start: the control and its replicate carry an exploit, so both stages are compared with the round's
-  start read (gate.comparators), under the noise the run banked in an earlier round;
-- own_noise: as against_start in a run that has banked no pair: the finalist's own two runs measure the noise
-  (gate.finalist_noise);
-- sign: one stage, Holm across the round's candidates, with an A-A arm every round (gate.single_stage).
+sigma is set by bisection so that A-A pairs show the wanted phi. The paths are benchmarks/gate_paths.py's (the
+race never stops a simulated arm: these arms have no checkpoint reads).
 
 Per run: ROUNDS raced rounds with the bank growing; the round's level comes from the run's error control
 (gate.round_alpha, LORD++) or, for comparison, the old fixed per-round level.
@@ -38,18 +30,18 @@ import math
 import numpy as np
 from scipy import stats
 
+from benchmarks.gate_paths import PATHS, one_round
 from benchmarks.manifest import write_result
 from benchmarks.paths import RESULTS
 from benchmarks.tables import markdown_table
 from evotrainer.backtest import gate
-from evotrainer.backtest.statistics import Pair
+from evotrainer.backtest.statistics import Pair, dispersions
 
 TASKS = 250  # the main job's gate tasks
 FLIP = 0.15  # e's scale: A-A pairs then disagree on about 20 of 250 tasks, as the main job's did
 FIX = 0.05  # the fix's true gain in accuracy
 ALPHA = 0.05  # 1 - gate.level's default
 ROUNDS_PER_RUN = 6
-PATHS = ("race_confirmation", "against_start", "own_noise", "sign")
 PHIS = (1.0, 1.5, 3.0)
 
 
@@ -71,6 +63,9 @@ class Arms:
         u = self.rng.normal(0.0, self.sigma) + (self.shift if fix else 0.0)
         return self.outcomes(self.z + self.rng.normal(0.0, FLIP, TASKS) + u > 0)
 
+    def stopped(self, cand: dict[str, bool], control: dict[str, bool]) -> bool:
+        return False
+
 
 @functools.cache
 def sigma_for(phi: float, seed: int = 0, pairs: int = 3000) -> float:
@@ -78,46 +73,17 @@ def sigma_for(phi: float, seed: int = 0, pairs: int = 3000) -> float:
 
     def measured(sigma: float) -> float:
         rng = np.random.default_rng(seed)
-        xs = []
+        aa = []
         for _ in range(pairs // 10):
             arms = Arms(rng, sigma)
-            for _ in range(10):
-                p = Pair.of(arms.arm(), arms.arm())
-                if p.discordant:
-                    xs.append((p.wins - p.losses) ** 2 / p.discordant)
-        return float(np.mean(xs))
+            aa += [Pair.of(arms.arm(), arms.arm()) for _ in range(10)]
+        return float(np.mean(dispersions(aa)))  # unfloored: the bisection reads phi below 1 too
 
     lo, hi = 0.0, 0.5
     for _ in range(18):
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if measured(mid) < phi else (lo, mid)
     return (lo + hi) / 2
-
-
-def one_round(arms: Arms, path: str, k: int, bank: list[Pair], alpha: float, fix: bool) -> tuple[bool, bool]:
-    """One raced round on `path`: (a candidate was promoted, the fix was the one promoted). Candidate 1 is the
-    fix when `fix`; `bank` (the run's earlier A-A pairs) grows by this round's."""
-    control, cands = arms.arm(), [arms.arm(fix and j == 0) for j in range(k)]
-    level = 1.0 - alpha
-    if path == "sign":
-        aa = arms.arm()
-        bank.append(Pair.of(aa, control))
-        tests = gate.single_stage([Pair.of(c, control) for c in cands], gate.moderated(bank), level)
-        passed = [j for j, (_, reasons) in enumerate(tests) if not reasons]
-        return bool(passed), 0 in passed and fix
-    exploit = path != "race_confirmation"
-    first = arms.start if exploit else control
-    j, _ = gate.finalist([Pair.of(c, first) for c in cands], gate.moderated(bank))
-    if j is None:
-        return False, False
-    rep, ctlr = arms.arm(fix and j == 1), arms.arm()
-    if not exploit:  # an exploiting control's replicate is no A-A measurement (gate.aa_pair_valid)
-        bank.append(Pair.of(ctlr, control))
-    noise, _ = gate.finalist_noise(gate.moderated(bank), gate.moderated([Pair.of(rep, cands[j - 1])]))
-    stat, reasons = gate.confirmed(
-        (cands[j - 1], rep), (control, ctlr), arms.start, k, noise, level, (exploit, exploit)
-    )
-    return not reasons, not reasons and fix and j == 1
 
 
 def run(

@@ -84,6 +84,12 @@ class Noise:
         return self.pairs > 0
 
 
+def dispersions(pairs: list[Pair]) -> list[float]:
+    """Each informative A-A pair's plug-in phi, (wins - losses)^2 / discordant (1 in expectation at the binomial
+    floor); a pair with no discordant task carries none (0/0) and is left out."""
+    return [(p.wins - p.losses) ** 2 / p.discordant for p in pairs if p.discordant]
+
+
 def noise_of(pairs: list[Pair], prior_pairs: float, centre: float = 1.0) -> Noise:
     """phi, moderated: the mean over A-A pairs of (wins - losses)^2 / discordant, pooled with a prior of
     `prior_pairs` pseudo-pairs at phi = `centre`, and floored at 1 (the binomial floor). One pair's
@@ -98,7 +104,7 @@ def noise_of(pairs: list[Pair], prior_pairs: float, centre: float = 1.0) -> Nois
     under greedy decoding) carries no information on phi (0/0): it neither counts as a pair nor makes the
     estimate valid. A run whose control does not move the policy then tests its finalist under the
     finalist's own two runs (gate.finalist_noise)."""
-    xs = [(p.wins - p.losses) ** 2 / p.discordant for p in pairs if p.discordant]
+    xs = dispersions(pairs)
     phi = max(1.0, (prior_pairs * centre + sum(xs)) / (prior_pairs + len(xs)))
     return Noise(phi, len(xs), prior_pairs + len(xs))
 

@@ -1,0 +1,62 @@
+"""One raced round on each of the gate's paths, run through the gate's own functions: shared by the simulated
+arms of benchmarks/gate_simulation.py and the real arm pools of benchmarks/gate_calibration.py.
+
+The paths:
+- race_confirmation: the race's finalist confirmed beside a control replicate, whose pair with the control joins
+  the noise bank (gate.finalist, gate.confirmed);
+- against_start: the control and its replicate carry an exploit, so both stages are compared with the round's
+  start read (gate.comparators), under the noise the run banked in an earlier round;
+- own_noise: as against_start in a run that has banked no pair: the finalist's own two runs measure the noise
+  (gate.finalist_noise);
+- sign: one stage, Holm across the round's candidates, with an A-A arm every round (gate.single_stage).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from evotrainer.backtest import gate
+from evotrainer.backtest.statistics import Pair
+
+PATHS = ("race_confirmation", "against_start", "own_noise", "sign")
+Outcomes = dict[str, bool]
+
+
+class Round(Protocol):
+    """The arms of one round: `start` (the read of the policy they fork from), `arm(fix)` a fresh arm's final
+    gate outcomes (the fix's harness when `fix`), `stopped(cand, control)` whether the race stops that candidate
+    at one of its checkpoints (gate.futile)."""
+
+    start: Outcomes
+
+    def arm(self, fix: bool = False) -> Outcomes: ...
+
+    def stopped(self, cand: Outcomes, control: Outcomes) -> bool: ...
+
+
+def one_round(arms: Round, path: str, k: int, bank: list[Pair], alpha: float, fix: bool) -> tuple[bool, bool]:
+    """One raced round on `path`: (a candidate was promoted, the fix was the one promoted). Candidate 1 is the
+    fix when `fix`; `bank` (the run's earlier A-A pairs) grows by this round's."""
+    control, cands = arms.arm(), [arms.arm(fix and j == 0) for j in range(k)]
+    level = 1.0 - alpha
+    if path == "sign":
+        aa = arms.arm()
+        bank.append(Pair.of(aa, control))
+        tests = gate.single_stage([Pair.of(c, control) for c in cands], gate.moderated(bank), level)
+        passed = [j for j, (_, reasons) in enumerate(tests) if not reasons]
+        return bool(passed), 0 in passed and fix
+    exploit = path != "race_confirmation"
+    first = arms.start if exploit else control
+    # the race stops losers against the control's checkpoint reads, whatever the finalist is then compared with
+    race = [None if arms.stopped(c, control) else Pair.of(c, first) for c in cands]
+    j, _ = gate.finalist(race, gate.moderated(bank))
+    if j is None:
+        return False, False
+    rep, ctlr = arms.arm(fix and j == 1), arms.arm()
+    if not exploit:  # an exploiting control's replicate is no A-A measurement (gate.aa_pair_valid)
+        bank.append(Pair.of(ctlr, control))
+    noise, _ = gate.finalist_noise(gate.moderated(bank), gate.moderated([Pair.of(rep, cands[j - 1])]))
+    stat, reasons = gate.confirmed(
+        (cands[j - 1], rep), (control, ctlr), arms.start, k, noise, level, (exploit, exploit)
+    )
+    return not reasons, not reasons and fix and j == 1

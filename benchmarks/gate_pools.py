@@ -1,0 +1,133 @@
+"""Real arms for the gate's calibration: per domain and base, null arms and fix arms trained from one start.
+
+A pool is one base (a warm-started policy of its own seed, with its own held-out split) trained one segment
+under the domain's example harness: that checkpoint is the round's start. From it, trials as the loop runs them
+now (loop.trial_unit tokens: every arm trains to the tokens trial_steps of the segment's steps generated; the
+race's checkpoints at equal fractions of them): null arms (the start's own harness on other seeds: what a
+candidate that changes nothing is) and fix arms (the domain's known-good change, FIXES). Every arm is read on
+the gate tasks at the race's checkpoints and at its end; the first null arm also reads the start (mark 0).
+
+Each arm is a resumable cell (its arm.json, reused only under the same spec): pools build over several sittings.
+benchmarks/gate_calibration.py resamples them through the gate's own functions.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from benchmarks.paths import ROOT
+from evotrainer.backtest.trial import ArmResult, ArmSpec, run_arm
+from evotrainer.config import RunConfig, load_config
+from evotrainer.envs.registry import make_domain, warm_start_key
+from evotrainer.harness.harness import Harness
+from evotrainer.policies import load_policy
+from evotrainer.stages.context import split_heldout
+from evotrainer.stages.race import checkpoints
+from evotrainer.training.grpo import GRPOTrainer
+
+# Each domain's example config and the change known to help there (the learning rate the reference chose):
+# math's README main job starts at 1e-5, which its reference and its tuning sweep raise to 1e-4; digits (the
+# multi-turn tool domain) learns from 5e-4 and its healthy runs saturate by 100 steps at 2e-3.
+DOMAINS = {
+    "math": (ROOT / "examples" / "math.yaml", 1e-4),
+    "digits": (ROOT / "examples" / "digits.yaml", 2e-3),
+}
+BASE_SEEDS = (11, 12, 13)
+NULL_SEED, FIX_SEED = 1000, 2000
+
+
+@dataclass
+class Pool:
+    """One base's arms: per-task gate outcomes by mark (`curve`) and at the end (`final`)."""
+
+    domain: str
+    base_seed: int
+    start: dict[str, bool]
+    nulls: list[dict] = field(default_factory=list)
+    fixes: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "domain": self.domain,
+            "base_seed": self.base_seed,
+            "start": self.start,
+            "nulls": self.nulls,
+            "fixes": self.fixes,
+        }
+
+
+def with_lr(h: Harness, lr: float) -> Harness:
+    return h.model_copy(update={"optimizer": h.optimizer.model_copy(update={"learning_rate": lr})})
+
+
+def domain_config(domain: str, seed: int, work: Path) -> RunConfig:
+    path, _ = DOMAINS[domain]
+    name = f"{domain}-{seed}"
+    return load_config(path, {"run.name": name, "run.out_dir": str(work), "run.seed": seed})
+
+
+class Cells:
+    """One base's arms, each trained once (run_arm reuses a finished one under the same spec)."""
+
+    def __init__(self, cfg: RunConfig, work: Path):
+        self.cfg, self.work = cfg, work / cfg.run.name
+        domain = make_domain(cfg)
+        self.gate_ids, _ = split_heldout(
+            [t.id for t in domain.tasks("heldout")], cfg.gate.final_fraction, cfg.run.seed
+        )
+        self.base = self.work / "checkpoints" / "base"
+        if not (self.base / "optimizer.pt").exists():
+            policy = load_policy(cfg.policy, domain, cfg.run.seed, warm_start_key(cfg, domain))
+            GRPOTrainer(policy, cfg.harness).save(self.base)
+
+    def arm(self, name: str, harness: Harness, start: Path, first: int, seed: int, **kw) -> ArmResult:
+        loop = self.cfg.loop
+        spec = ArmSpec(
+            branch=name,
+            role="candidate",
+            run_dir=str(self.work),
+            config=self.cfg.model_dump(mode="json"),
+            harness=harness.model_dump(mode="json"),
+            start=str(start),
+            seed=seed,
+            first_step=first,
+            steps=kw.pop("steps", loop.trial_steps * 4),
+            **kw,
+        )
+        return run_arm(spec)
+
+    def segment(self) -> ArmResult:
+        seg = self.cfg.loop.segment_steps
+        return self.arm("start", self.cfg.harness, self.base, 1, self.cfg.run.seed, steps=seg)
+
+
+def build(domain: str, seed: int, work: Path, n_null: int, n_fix: int, log=print) -> Pool:
+    """The pool of one base: its start, n_null null arms and n_fix fix arms (cells reused where finished)."""
+    cfg = domain_config(domain, seed, work)
+    cells = Cells(cfg, work)
+    seg = cells.segment()
+    start, first = Path(seg.checkpoint), seg.last_step + 1
+    per_step = seg.generated_tokens // max(1, seg.last_step - seg.first_step + 1)
+    tokens = per_step * cfg.loop.trial_steps
+    marks = checkpoints(tokens, cfg.loop.race_checkpoints)
+    fix = with_lr(cfg.harness, DOMAINS[domain][1])
+    common = {"gate_ids": tuple(cells.gate_ids), "tokens": tokens}
+    pool, start_read = Pool(domain, seed, {}), None
+    for kind, harness, n, seed0 in (("null", cfg.harness, n_null, NULL_SEED), ("fix", fix, n_fix, FIX_SEED)):
+        for i in range(n):
+            t0 = time.perf_counter()
+            at = ((0,) if start_read is None else ()) + marks
+            r = cells.arm(f"{kind}-{i}", harness, start, first, seed0 + i, checkpoints=at, **common)
+            curve = dict(r.checkpoint_outcomes)
+            start_read = curve.pop("0", start_read)
+            (pool.nulls if kind == "null" else pool.fixes).append({"curve": curve, "final": r.outcomes})
+            log(f"{domain} base {seed} {kind}-{i}: {r.accuracy:.3f} ({time.perf_counter() - t0:.0f} s)")
+    pool.start = start_read or {}
+    return pool
+
+
+def build_all(work: Path, domains: list[str], seeds: list[int], n_null: int, n_fix: int, log=print) -> list[Pool]:
+    """Every pool, one base after another (a sitting that ends keeps the finished arms)."""
+    return [build(d, s, work, n_null, n_fix, log) for d in domains for s in seeds]

@@ -12,15 +12,20 @@ arms are compared with the start; a null there is a comparator of the arms' own 
 the same base stands in for the start's read (the real start sits below arms trained from it: a trained
 candidate's gain over it is no false promotion).
 
-Per row (domain, path, K):
+Two null families per domain (`null`): the start's harness raced against itself (the fix arms stay the fix,
+for power), and the fix's harness raced against itself (arms that move further from the same start and spread
+more: the spread changes, the mean within the family does not).
+
+Per row (domain, null family, path, K):
 - false_promotion_rate: the share of null first raced rounds that promote anything, at the first round's level
   under the run's error control (gate.round_alpha), with an exact interval over rounds, per base, and a
   pool-level interval (a bootstrap over each base's arms: how much the rate depends on which arms were trained);
 - per_run_false_promotion_rate: the share of null runs of ROUNDS_PER_RUN raced rounds (each from a base drawn at
   random; the noise bank grows as the run's does; LORD++ levels) that promote anything, nominal 1 - gate.level;
-- power: the share of first raced rounds with the fix as candidate 1 (among K - 1 nulls) that promote it.
+- power: the share of first raced rounds with the fix as candidate 1 (among K - 1 nulls) that promote it (the
+  start's family; the fix's effect on each base is in gate_pools.json: where it has none, no gate finds it).
 
-    python -m benchmarks.gate_calibration [--nulls 12] [--fixes 6] [--rounds 2000] [--runs 500]
+    python -m benchmarks.gate_calibration [--nulls 12] [--fixes 10] [--rounds 2000] [--runs 500]
 
 Writes benchmarks/results/gate_calibration.json (rows) and gate_pools.json (each pool's start, arms' accuracies,
 fix effect and measured dispersion), with manifests. The arms are cells under --work: a sitting that ends keeps them.
@@ -46,6 +51,7 @@ from evotrainer.backtest.statistics import Pair, dispersions
 ALPHA = 0.05  # 1 - gate.level's default
 ROUNDS_PER_RUN = 6
 KS = (1, 2)  # the example configs race 1 (code, swe) or 2 (math) candidates
+NULLS = ("start", "fix")  # the null arms' harness (as_nulls)
 
 
 class Exhausted(Exception):
@@ -133,8 +139,17 @@ def rate(hits: int, n: int) -> dict:
     return {"rate": round(hits / n, 5), "ci95": [round(ci.low, 4), round(ci.high, 4)], "n": n}
 
 
-def cell(domain: str, pools: list[dict], path: str, k: int, a: argparse.Namespace) -> dict:
-    rng = np.random.default_rng([a.seed, k, PATHS.index(path), list(DOMAINS).index(domain)])
+def as_nulls(pools: list[dict], family: str) -> list[dict]:
+    """The pools with `family`'s arms as the nulls: `start` (the start's own harness: the fix arms stay the fix)
+    or `fix` (the fix's harness, raced against itself: arms that move further, and spread more, from the same
+    start; no fix left to find)."""
+    return pools if family == "start" else [{**p, "nulls": p["fixes"], "fixes": []} for p in pools]
+
+
+def cell(domain: str, pools: list[dict], path: str, k: int, family: str, a: argparse.Namespace) -> dict:
+    rng = np.random.default_rng([a.seed, k, PATHS.index(path), list(DOMAINS).index(domain), NULLS.index(family)])
+    power = first_rounds(pools, rng, path, k, a.power_rounds, True) if family == "start" else []
+    pools = as_nulls(pools, family)
     nulls = first_rounds(pools, rng, path, k, a.rounds, False)
     by_base = {
         str(p["base_seed"]): rate(sum(x := first_rounds([p], rng, path, k, a.rounds // 3, False)), len(x))
@@ -142,11 +157,11 @@ def cell(domain: str, pools: list[dict], path: str, k: int, a: argparse.Namespac
     }
     boot = [np.mean(first_rounds(resampled(pools, rng), rng, path, k, a.boot_rounds, False)) for _ in range(a.boot)]
     null_runs = [run(pools, rng, path, k, False, ROUNDS_PER_RUN) for _ in range(a.runs)]
-    power = first_rounds(pools, rng, path, k, a.power_rounds, True)
     return {
         "domain": domain,
         "path": path,
         "K": k,
+        "null": f"{family} harness",
         "error_control": "run",
         "false_promotion_rate": rate(sum(nulls), len(nulls)),
         "false_promotion_rate_pool_ci95": [round(float(q), 4) for q in np.quantile(boot, [0.025, 0.975])],
@@ -154,7 +169,7 @@ def cell(domain: str, pools: list[dict], path: str, k: int, a: argparse.Namespac
         "per_run_false_promotion_rate": rate(sum(any(r) for r in null_runs), len(null_runs)),
         "nominal": round(gate.round_alpha(ALPHA, 1, []), 5),
         "nominal_run": ALPHA,
-        "power": rate(sum(power), len(power)),
+        "power": rate(sum(power), len(power)) if power else None,
         "counts": {
             "null_first_rounds": len(nulls),
             "null_runs": len(null_runs),
@@ -162,7 +177,7 @@ def cell(domain: str, pools: list[dict], path: str, k: int, a: argparse.Namespac
             "fix_first_rounds": len(power),
             "bootstrap": f"{a.boot} resampled pools x {a.boot_rounds} first rounds",
             "bases": len(pools),
-            "arms_per_base": {"null": len(pools[0]["nulls"]), "fix": len(pools[0]["fixes"])},
+            "null_arms_per_base": len(pools[0]["nulls"]),
         },
     }
 
@@ -190,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--domains", nargs="+", default=list(DOMAINS), choices=list(DOMAINS))
     ap.add_argument("--bases", type=int, nargs="+", default=list(BASE_SEEDS), help="base seeds per domain")
     ap.add_argument("--nulls", type=int, default=12, help="null arms per base")
-    ap.add_argument("--fixes", type=int, default=6, help="fix arms per base")
+    ap.add_argument("--fixes", type=int, default=10, help="fix arms per base (also the second null family)")
     ap.add_argument("--ks", type=int, nargs="+", default=list(KS))
     ap.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
     ap.add_argument("--rounds", type=int, default=2000, help="null first rounds per row")
@@ -207,18 +222,19 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for domain in a.domains:
         mine = [p for p in pools if p["domain"] == domain]
-        for path, k in itertools.product(a.paths, a.ks):
-            rows.append(cell(domain, mine, path, k, a))
+        for family, path, k in itertools.product(NULLS, a.paths, a.ks):
+            rows.append(cell(domain, mine, path, k, family, a))
             print(_line(rows[-1]), flush=True)
     described = [describe(p) for p in pools]
     out = write_result(a.out, rows, work=a.work, indent=1, note=f"seed {a.seed}")
     write_result(a.out.with_name("gate_pools.json"), described, work=a.work, indent=1)
     print(
         markdown_table(
-            ["domain", "path", "K", "per round (nominal 0.0125)", "pool interval", "per run (nominal 0.05)", "power"],
+            ["domain", "null", "path", "K", "per round (nominal 0.0125)", "pool interval", "per run (0.05)", "power"],
             [
                 [
                     r["domain"],
+                    r["null"],
                     r["path"],
                     r["K"],
                     _fmt(r["false_promotion_rate"]),
@@ -251,12 +267,14 @@ def main(argv: list[str] | None = None) -> None:
 
 def _line(r: dict) -> str:
     return (
-        f"{r['domain']} {r['path']} K={r['K']}: round {_fmt(r['false_promotion_rate'])} "
+        f"{r['domain']} {r['null']} {r['path']} K={r['K']}: round {_fmt(r['false_promotion_rate'])} "
         f"run {_fmt(r['per_run_false_promotion_rate'])} power {_fmt(r['power'])}"
     )
 
 
-def _fmt(r: dict) -> str:
+def _fmt(r: dict | None) -> str:
+    if r is None:
+        return "-"
     return f"{r['rate']:.3f} [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]"
 
 

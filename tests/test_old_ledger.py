@@ -13,10 +13,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from evotrainer.backtest import gate
 from evotrainer.backtest.verdict import RaceResult, SignHolm, TwoStage, read_trials, read_verdicts
 from evotrainer.cli.main import app
+from evotrainer.config import GateSection
 from evotrainer.harness.harness import _ADDED_KNOBS, _DEFAULTS
-from evotrainer.stages.results import STAGE_RESULTS
+from evotrainer.stages.decide import round_level, with_history
+from evotrainer.stages.results import STAGE_RESULTS, PromoteResult
 from evotrainer.store.ledger import Ledger
 
 FIXTURES = Path(__file__).parent / "fixtures" / "before_typed_records"
@@ -83,3 +86,24 @@ def test_report_and_resume_read_an_older_run(tmp_path, monkeypatch, name):
     for key in ("rounds", "stop_reason", "final_accuracy", "harness_version", "promoted", "rejected"):
         assert after[key] == before[key], key
     assert after["rejected_controls"] == before["rejected_controls"]
+
+
+def test_a_resumed_older_run_counts_its_raced_rounds_from_its_verdicts(tmp_path):
+    # Written before the run's error control: its mainline carries no raced rounds. Round 1 raced and promoted,
+    # round 2 raced and rejected both, so a third round is the run's third raced round (its share of the run's
+    # error rate is the third's, with one promotion behind it), not a first that spends the run's rate afresh.
+    ledger = Ledger(restore("two_stage", tmp_path) / "ledger.sqlite")
+    [row] = ledger.rows("SELECT result FROM stages WHERE stage = 'promote' AND round = 2")
+    head = PromoteResult.model_validate(json.loads(row["result"])).head
+    assert head.raced is None and head.promoted_at is None
+    past = with_history(ledger, head, 3)
+    assert (past.raced, past.promoted_at) == (2, [1])
+    level, spent = round_level(GateSection(), past, races=True)
+    assert spent == {"raced_round": 3, "run_level": GateSection().level}
+    assert 1 - level == pytest.approx(gate.round_alpha(1 - GateSection().level, 3, [1]))
+    assert 1 - level < 1 - round_level(GateSection(), head, races=True)[0]  # the count from 1 spent more
+    # Within round 2 itself only round 1 is behind it; a mainline that carries its count is read as it is.
+    assert (with_history(ledger, head, 2).raced, with_history(ledger, head, 2).promoted_at) == (1, [1])
+    carried = head.model_copy(update={"raced": 5})
+    assert with_history(ledger, carried, 3) is carried
+    ledger.close()

@@ -37,6 +37,7 @@ from evotrainer.stages.results import (
     VerdictLine,
 )
 from evotrainer.stages.start import expect_evaluator
+from evotrainer.store.ledger import Ledger
 
 
 def gate_stage(
@@ -77,7 +78,7 @@ def gate_stage(
     )
     noise, measured, mainline, model, own_line = _noise_models(rnd, head, tried, survivors, evidence)
     raced = [a for a in tried.arms if a.role == "candidate"]
-    level, spent = round_level(cfg.gate, head, bool(raced))
+    level, spent = round_level(cfg.gate, with_history(ctx.ledger, head, rnd), bool(raced))
     singles = gate.single_stage([Pair.of(c.outcomes, against.outcomes) for c in raced], model, level)
     trials, verdicts, lines = [], [], []
     for j, (survivor, cand) in enumerate(zip(survivors, raced, strict=False), 1):
@@ -111,6 +112,20 @@ def gate_stage(
         control_rejected=gate.invalid_reasons(ctrl_ev.findings),
         verdicts=lines,
     ), StageRecords(trials=trials, verdicts=verdicts)
+
+
+def with_history(ledger: Ledger, head: Mainline, rnd: int) -> Mainline:
+    """`head` with the raced rounds before `rnd` and which of them promoted, read from the ledger's verdicts where
+    the mainline does not carry them (a run written before the run's error control, resumed by this version: its
+    raced rounds have spent part of the run's error rate, and its count goes on from them rather than from 1)."""
+    if head.raced is not None or rnd == 1:
+        return head
+    by_round: dict[int, bool] = {}
+    for v in ledger.verdicts():
+        if v["round"] < rnd:
+            by_round[v["round"]] = by_round.get(v["round"], False) or v["decision"] == "promote"
+    found = [t for t, r in enumerate(sorted(by_round), 1) if by_round[r]]
+    return head.model_copy(update={"raced": len(by_round) or None, "promoted_at": found or None})
 
 
 def round_level(section: GateSection, head: Mainline, races: bool) -> tuple[float, dict]:
@@ -309,8 +324,9 @@ def promote(
     # was due and no valid pair was measured.
     measured = gated.aa_measured if gated.aa_measured is not None else tried.arm(branch_id(rnd, "aa")) is not None
     aa_due = j is not None or (head.aa_due and not measured)
-    raced = (head.raced or 0) + any(a.role == "candidate" for a in tried.arms)
-    found = (head.promoted_at or []) + ([raced] if j is not None else [])
+    past = with_history(ctx.ledger, head, rnd)
+    raced = (past.raced or 0) + any(a.role == "candidate" for a in tried.arms)
+    found = (past.promoted_at or []) + ([raced] if j is not None else [])
     new = new.model_copy(
         update={
             "harness": harness,

@@ -115,14 +115,28 @@ def _aa(pools: list[dict], rng: np.random.Generator) -> tuple[dict, dict]:
 
 
 def first_rounds(pools: list[dict], rng: np.random.Generator, path: str, k: int, n: int, fix: bool) -> list[bool]:
-    """n first raced rounds (a fresh run each); a bootstrap pool too thin for one is drawn again."""
-    out = []
+    """n first raced rounds (a fresh run each). A round from a base too thin for it (a bootstrap pool's repeats)
+    is drawn again from a base drawn again; Exhausted when most rounds cannot be drawn."""
+    out, tries = [], 0
     while len(out) < n:
+        tries += 1
+        if tries > 20 * n:
+            raise Exhausted
         try:
             out.append(run(pools, rng, path, k, fix, 1)[0])
         except Exhausted:
             continue
     return out
+
+
+def boot_rate(pools: list[dict], rng: np.random.Generator, path: str, k: int, n: int) -> float:
+    """The false-promotion rate of n first rounds on the pools resampled (a resample too thin to draw them from
+    is drawn again)."""
+    while True:
+        try:
+            return float(np.mean(first_rounds(resampled(pools, rng), rng, path, k, n, False)))
+        except Exhausted:
+            continue
 
 
 def resampled(pools: list[dict], rng: np.random.Generator) -> list[dict]:
@@ -155,7 +169,7 @@ def cell(domain: str, pools: list[dict], path: str, k: int, family: str, a: argp
         str(p["base_seed"]): rate(sum(x := first_rounds([p], rng, path, k, a.rounds // 3, False)), len(x))
         for p in pools
     }
-    boot = [np.mean(first_rounds(resampled(pools, rng), rng, path, k, a.boot_rounds, False)) for _ in range(a.boot)]
+    boot = [boot_rate(pools, rng, path, k, a.boot_rounds) for _ in range(a.boot)]
     null_runs = [run(pools, rng, path, k, False, ROUNDS_PER_RUN) for _ in range(a.runs)]
     return {
         "domain": domain,
@@ -226,8 +240,9 @@ def main(argv: list[str] | None = None) -> None:
             rows.append(cell(domain, mine, path, k, family, a))
             print(_line(rows[-1]), flush=True)
     described = [describe(p) for p in pools]
-    out = write_result(a.out, rows, work=a.work, indent=1, note=f"seed {a.seed}")
-    write_result(a.out.with_name("gate_pools.json"), described, work=a.work, indent=1)
+    configs = [str(DOMAINS[d][0]) for d in a.domains]
+    out = write_result(a.out, rows, work=a.work, indent=1, configs=configs, note=f"seed {a.seed}")
+    write_result(a.out.with_name("gate_pools.json"), described, work=a.work, indent=1, configs=configs)
     print(
         markdown_table(
             ["domain", "null", "path", "K", "per round (nominal 0.0125)", "pool interval", "per run (0.05)", "power"],

@@ -66,7 +66,7 @@ def test_the_seed_t_interval_is_the_t_interval_of_the_per_seed_means():
 
 
 def test_cells_of_every_committed_grid_load():
-    for folder in ("claims", "claims-2026-11-23", "claims-share50"):
+    for folder in ("claims", "claims-2026-11-23", "claims-share50", "claims-gate-run"):
         cells = read_cells(RESULTS / folder)
         assert cells and all(c.name == p.stem for c, p in zip(cells, results_in(RESULTS / folder)))
 

@@ -231,8 +231,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--work", type=Path, default=scratch("evotrainer-gate-pools"), help="the arms (cells)")
     ap.add_argument("--out", type=Path, default=RESULTS / "gate_calibration.json")
     a = ap.parse_args(argv)
-    built = build_all(a.work, a.domains, a.bases, a.nulls, a.fixes)
-    pools = [p.to_dict() for p in built]
+    # A round draws up to K + 4 distinct arms of one family (control, K candidates, the finalist's replicate, the
+    # control replicate, and another null standing in for the start): said before any arm trains.
+    need = max(a.ks) + 4
+    if min(a.ks) < 1 or a.nulls < need or a.fixes < need:
+        ap.error(
+            f"--ks {a.ks} needs K >= 1 and at least K + 4 = {need} arms a base in --nulls ({a.nulls}) and "
+            f"--fixes ({a.fixes}): raise them, or race fewer candidates"
+        )
+    pools = build_all(a.work, a.domains, a.bases, a.nulls, a.fixes)
     rows = []
     for domain in a.domains:
         mine = [p for p in pools if p["domain"] == domain]

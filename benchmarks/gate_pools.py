@@ -14,7 +14,6 @@ benchmarks/gate_calibration.py resamples them through the gate's own functions.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.paths import ROOT
@@ -41,26 +40,6 @@ DOMAINS = {
 THREADS = {"digits": 1}
 BASE_SEEDS = (11, 12, 13)
 NULL_SEED, FIX_SEED = 1000, 2000
-
-
-@dataclass
-class Pool:
-    """One base's arms: per-task gate outcomes by mark (`curve`) and at the end (`final`)."""
-
-    domain: str
-    base_seed: int
-    start: dict[str, bool]
-    nulls: list[dict] = field(default_factory=list)
-    fixes: list[dict] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return {
-            "domain": self.domain,
-            "base_seed": self.base_seed,
-            "start": self.start,
-            "nulls": self.nulls,
-            "fixes": self.fixes,
-        }
 
 
 def with_lr(h: Harness, lr: float) -> Harness:
@@ -110,8 +89,9 @@ class Cells:
         return self.arm("start", self.cfg.harness, self.base, 1, self.cfg.run.seed, steps=seg)
 
 
-def build(domain: str, seed: int, work: Path, n_null: int, n_fix: int, log=print) -> Pool:
-    """The pool of one base: its start, n_null null arms and n_fix fix arms (cells reused where finished)."""
+def build(domain: str, seed: int, work: Path, n_null: int, n_fix: int, log=print) -> dict:
+    """The pool of one base (cells reused where finished): {domain, base_seed, start (the start's gate outcomes),
+    nulls, fixes}, each arm {curve: gate outcomes by checkpoint mark, final: gate outcomes at its end}."""
     cfg = domain_config(domain, seed, work)
     cells = Cells(cfg, work)
     seg = cells.segment()
@@ -121,7 +101,7 @@ def build(domain: str, seed: int, work: Path, n_null: int, n_fix: int, log=print
     marks = checkpoints(tokens, cfg.loop.race_checkpoints)
     fix = with_lr(cfg.harness, DOMAINS[domain][2])
     common = {"gate_ids": tuple(cells.gate_ids), "tokens": tokens}
-    pool, start_read = Pool(domain, seed, {}), None
+    pool, start_read = {"domain": domain, "base_seed": seed, "start": {}, "nulls": [], "fixes": []}, None
     for kind, harness, n, seed0 in (("null", cfg.harness, n_null, NULL_SEED), ("fix", fix, n_fix, FIX_SEED)):
         for i in range(n):
             t0 = time.perf_counter()
@@ -129,12 +109,12 @@ def build(domain: str, seed: int, work: Path, n_null: int, n_fix: int, log=print
             r = cells.arm(f"{kind}-{i}", harness, start, first, seed0 + i, checkpoints=at, **common)
             curve = dict(r.checkpoint_outcomes)
             start_read = curve.pop("0", start_read)
-            (pool.nulls if kind == "null" else pool.fixes).append({"curve": curve, "final": r.outcomes})
+            pool["nulls" if kind == "null" else "fixes"].append({"curve": curve, "final": r.outcomes})
             log(f"{domain} base {seed} {kind}-{i}: {r.accuracy:.3f} ({time.perf_counter() - t0:.0f} s)")
-    pool.start = start_read or {}
+    pool["start"] = start_read or {}
     return pool
 
 
-def build_all(work: Path, domains: list[str], seeds: list[int], n_null: int, n_fix: int, log=print) -> list[Pool]:
+def build_all(work: Path, domains: list[str], seeds: list[int], n_null: int, n_fix: int, log=print) -> list[dict]:
     """Every pool, one base after another (a sitting that ends keeps the finished arms)."""
     return [build(d, s, work, n_null, n_fix, log) for d in domains for s in seeds]

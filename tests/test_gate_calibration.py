@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks.gate_calibration import Exhausted, PoolRound, first_rounds, resampled
+from benchmarks.gate_calibration import Exhausted, PoolRound, first_rounds, main, resampled
 from benchmarks.gate_paths import PATHS
 
 TASKS = 250
@@ -70,3 +70,12 @@ def test_a_planted_large_gain_is_promoted_and_equal_arms_rarely_are(path):
     # Arms of one harness whose tasks pass independently: the A-A pairs sit at the binomial floor, far below the
     # noise prior's centre, so the first round's level (0.0125) is kept with room to spare.
     assert np.mean(first_rounds(pools, rng, path, 2, 200, fix=False)) < 0.05
+
+
+def test_a_pool_too_small_for_the_rounds_is_refused_before_any_arm_trains(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--ks", "1", "9", "--nulls", "12", "--fixes", "10", "--work", str(tmp_path / "w")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--fixes (10)" in err and "K + 4 = 13" in err
+    assert not (tmp_path / "w").exists()  # nothing built

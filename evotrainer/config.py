@@ -305,12 +305,11 @@ class GateSection(Section):
     statistic: Literal["two_stage", "sign"] = "two_stage"
     """`two_stage`: the race's best candidate is confirmed on fresh seeds (with a control replicate,
     which is also an A-A measurement) and the two stages' evidence is combined, the race's adjusted for
-    the round's K candidates; `sign`: one stage, each candidate's test Holm-corrected across the round
-    (needs A-A arms: aa_control promotion or round; calibrated, but under the run's error control it has
-    little power: 0.09-0.15 for a +0.05 fix at K = 1, benchmarks/RESULTS.md). Both test wins over losses on
-    the gate tasks with the run's measured seed-to-seed overdispersion, never below the exact sign test.
-    `bootstrap` is refused (a percentile bootstrap is permissive when few tasks disagree): the error says what
-    to use."""
+    the round's K candidates; it tests wins over losses on the gate tasks with the run's measured seed-to-seed
+    overdispersion, never below the exact sign test. `sign` (one stage, Holm across the round) is read in runs
+    that started with it but refused for new ones: where a candidate's harness spreads the policy more than the
+    mainline's it promotes at over its nominal rate (benchmarks/RESULTS.md). `bootstrap` is refused too (a
+    percentile bootstrap is permissive when few tasks disagree). Each error says what to use."""
     level: float = Field(0.95, gt=0.5, lt=1.0)
     """1 - the chance of promoting a candidate that is no better than the arm it is tested against: over the
     whole run (error_control: run) or in each raced round (error_control: round)."""

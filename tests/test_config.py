@@ -80,3 +80,16 @@ EXAMPLES = sorted(EXAMPLE_DIR.rglob("*.yaml"))
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.relative_to(EXAMPLE_DIR).as_posix())
 def test_every_example_config_loads(path):
     assert load_config(path).run.name
+
+
+def test_a_new_run_with_the_uncalibrated_sign_gate_is_refused_before_anything_is_written(tmp_path):
+    # `sign` is over its nominal false-promotion rate where a candidate's harness spreads the policy more than the
+    # mainline's (benchmarks/gate_calibration.py); a run written with it still reads and resumes (test_old_ledger).
+    f = tmp_path / "c.yaml"
+    f.write_text(
+        f"run: {{out_dir: {tmp_path / 'runs'}}}\nloop: {{max_rounds: 1}}\ngate: {{statistic: sign, aa_control: round}}\n"
+    )
+    out = run_cli("run", str(f))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "gate.statistic" in out.stderr and "use two_stage" in out.stderr
+    assert not (tmp_path / "runs").exists()

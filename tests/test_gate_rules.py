@@ -75,7 +75,10 @@ def test_a_remedy_for_an_exploiting_control_is_tested_under_its_own_harness_nois
     none, measured = gate.moderated([]), gate.moderated([Pair(3, 2, 120)])
     own_pairs = [Pair(6, 3, 120)]  # the finalist's race run against its confirmation run
     own = gate.moderated(own_pairs)
-    assert gate.finalist_noise(measured, own) == (measured, "mainline")  # the mainline's own pairs come first
+    calm = gate.moderated([Pair(3, 3, 120)])  # the finalist's runs agreed better than the mainline's pair
+    assert calm.valid and calm.phi < measured.phi < own.phi
+    assert gate.finalist_noise(measured, calm) == (measured, "mainline")  # the noisier of the two
+    assert gate.finalist_noise(measured, own) == (own, "candidate")
     assert gate.finalist_noise(none, own) == (own, "candidate")
     assert gate.finalist_noise(none, None) == (none, "mainline")  # nothing measured: still no estimate
     assert gate.finalist_noise(none, gate.moderated([])) == (none, "mainline")

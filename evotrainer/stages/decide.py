@@ -191,8 +191,9 @@ def _noise_models(
         pairs_used=model.pairs,
         dof=model.dof,
         valid=True,
-        measured_on="the candidate's harness: its race and confirmation runs (the mainline's pairs measured "
-        "nothing: a control run carries an exploit, or the runs agreed on every gate task)",
+        measured_on="the candidate's harness: its race and confirmation runs, which spread more than the "
+        "mainline's pairs (or the mainline's measured nothing: a control run carries an exploit, or its runs agreed "
+        "on every gate task)",
     )
     return noise, any(p.discordant for p, *_ in pairs), mainline, model, line
 

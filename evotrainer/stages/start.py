@@ -48,6 +48,20 @@ def check_budget(cfg: RunConfig) -> None:
         )
 
 
+def check_gate(cfg: RunConfig) -> None:
+    """A new run's gate must be one whose error rate is measured. `sign` (one stage, no confirmation) promoted a
+    harness raced against itself in 3-4% of first rounds and 8-11% of runs where that harness spreads the policy
+    more than the mainline's (benchmarks/gate_calibration.py, digits at a learning transition; nominal 1.25% and
+    5%): with no second run of the candidate nothing in the round can see that spread. A run that started with it
+    still resumes (its decisions are in its ledger)."""
+    if cfg.gate.statistic == "sign":
+        raise ConfigError(
+            "gate.statistic: 'sign' is refused for new runs: its false-promotion rate is over nominal where a "
+            "candidate's harness spreads the policy more than the mainline's (benchmarks/RESULTS.md); use two_stage "
+            "(the default: a race, then a confirmation on fresh seeds)"
+        )
+
+
 def over_budget(cfg: RunConfig, spent: Charge, extra: Charge = Charge()) -> str | None:
     """Which cap (if any) spent + extra reaches."""
     b, s = cfg.budget, spent + extra
@@ -91,6 +105,7 @@ def open_run(cfg: RunConfig, resume: bool, accept_evaluator_change: bool = False
     check_device(cfg.policy, cfg.loop.executor)
     if not resume:  # a resumed run past its start loads checkpoints, not the model it started from
         check_policy_path(cfg.policy)
+        check_gate(cfg)
     if cfg.loop.proposer == "llm":  # an endpoint that cannot be reached stops the run before anything is written
         from evotrainer.proposers.llm import check_endpoint
 

@@ -87,7 +87,8 @@ def test_a_new_run_with_the_uncalibrated_sign_gate_is_refused_before_anything_is
     # mainline's (benchmarks/gate_calibration.py); a run written with it still reads and resumes (test_old_ledger).
     f = tmp_path / "c.yaml"
     f.write_text(
-        f"run: {{out_dir: {tmp_path / 'runs'}}}\nloop: {{max_rounds: 1}}\ngate: {{statistic: sign, aa_control: round}}\n"
+        f"run: {{out_dir: {tmp_path / 'runs'}}}\nloop: {{max_rounds: 1}}\n"
+        "gate: {statistic: sign, aa_control: round}\n"
     )
     out = run_cli("run", str(f))
     assert out.returncode == 2 and "Traceback" not in out.stderr

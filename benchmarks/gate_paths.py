@@ -5,10 +5,12 @@ The paths:
 - race_confirmation: the race's finalist confirmed beside a control replicate, whose pair with the control joins
   the noise bank (gate.finalist, gate.confirmed);
 - against_start: the control and its replicate carry an exploit, so both stages are compared with the round's
-  start read (gate.comparators), under the noise the run banked in an earlier round;
-- own_noise: as against_start in a run that has banked no pair: the finalist's own two runs measure the noise
+  start read (gate.comparators), under the noise the run banked in an earlier round, and the finalist has a
+  second confirmation run (race._second_replicate_due), each of which must pass;
+- own_noise: as against_start in a run that has banked no pair: the finalist's own runs measure the noise
   (gate.finalist_noise);
-- sign: one stage, Holm across the round's candidates, with an A-A arm every round (gate.single_stage).
+- sign: one stage, Holm across the round's candidates, with an A-A arm every round (gate.single_stage); refused
+  for new runs (start.check_gate), measured to show why.
 """
 
 from __future__ import annotations
@@ -52,11 +54,14 @@ def one_round(arms: Round, path: str, k: int, bank: list[Pair], alpha: float, fi
     j, _ = gate.finalist(race, gate.moderated(bank))
     if j is None:
         return False, False
-    rep, ctlr = arms.arm(fix and j == 1), arms.arm()
-    if not exploit:  # an exploiting control's replicate is no A-A measurement (gate.aa_pair_valid)
+    runs = [cands[j - 1], arms.arm(fix and j == 1)]
+    if exploit:  # compared with the start: the finalist's third run (race._second_replicate_due); the control's
+        runs.append(arms.arm(fix and j == 1))  # replicate carries the exploit too: no A-A pair (gate.aa_pair_valid)
+        ctlr = control
+    else:
+        ctlr = arms.arm()
         bank.append(Pair.of(ctlr, control))
-    noise, _ = gate.finalist_noise(gate.moderated(bank), gate.moderated([Pair.of(rep, cands[j - 1])]))
-    stat, reasons = gate.confirmed(
-        (cands[j - 1], rep), (control, ctlr), arms.start, k, noise, level, (exploit, exploit)
-    )
+    own = gate.moderated([Pair.of(r, runs[0]) for r in runs[1:]])
+    noise, _ = gate.finalist_noise(gate.moderated(bank), own)
+    stat, reasons = gate.confirmed(tuple(runs), (control, ctlr), arms.start, k, noise, level, (exploit, exploit))
     return not reasons, not reasons and fix and j == 1

@@ -8,7 +8,8 @@ from typing import NamedTuple
 # branch_id and trial_id are defined in types.py, whose source is part of the evaluator's identity
 # (evaluation.evaluator_identity hashes it for Task): moving them would make every existing run refuse a
 # plain `evotrainer resume`. They are named here with the rest, and callers take them from here.
-from evotrainer.types import branch_id, trial_id
+from evotrainer.types import branch_id as _branch_id
+from evotrainer.types import trial_id
 
 __all__ = [
     "DIAGNOSIS",
@@ -31,6 +32,15 @@ TRAIN, EVAL = "s", "e"
 """Kinds of rollout: a training step's (`r01-seg-s000003-0007`) or a held-out evaluation's (`r01-c1-e000007-0012`)."""
 DIAGNOSIS, REVISION, GATE = "d", "v", "g"
 """Kinds of findings file: the diagnose stage's, the revised suite's new findings, the gate's over an arm's window."""
+
+
+def branch_id(rnd: int, role: str, k: int = 0) -> str:
+    """types.branch_id's scheme (`r01-seg`, `r01-ctl`, `r01-c2`, `r01-c2r`, `r01-ctlr`...), and `r01-c2r2`: the
+    finalist's third run, on seeds of its own, where a control run carries an exploit (race._second_replicate_due).
+    Named here: a change to types.py's source is a change of the evaluator's identity."""
+    if role == "second_replicate":
+        return _branch_id(rnd, "replicate", k) + "2"
+    return _branch_id(rnd, role, k)
 
 
 def final_branch(head: str) -> str:

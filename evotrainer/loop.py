@@ -140,7 +140,7 @@ def run_round(ctx: RunContext, tell: Narrator, rnd: int, head: Mainline) -> tupl
     # A segment whose own window carries a validity finding is not built on: the arms fork from where the
     # round started, so the remedy is tried on a policy the exploit never touched.
     taint = gate.tainted(own)
-    tried = stage(ctx, rnd, "trial", TrialResult, lambda: race.trial(ctx, rnd, head, seg, survivors, taint))
+    tried = stage(ctx, rnd, "trial", TrialResult, lambda: race.trial(ctx, rnd, head, seg, survivors, taint, suite))
     tell.trial(tried, head.branch, taint)
     if tried.abandoned:  # the mainline keeps the segment unless it is tainted (an exploit is never built on: it
         # stays where the round started, next on other seeds); while tokens are left, the next round's segment

@@ -4,11 +4,13 @@ taken as noise, at most one winner, and a rollback when nothing valid won and th
 
 from __future__ import annotations
 
+import pytest
+
 from evotrainer.backtest import gate
 from evotrainer.backtest.statistics import Pair
 from evotrainer.diagnostics.detector import Finding
+from evotrainer.ids import branch_id, trial_id
 from evotrainer.stages.results import Rollback
-from evotrainer.types import branch_id, trial_id
 
 
 def finding(name: str, validity: bool, severity: str = "critical") -> Finding:
@@ -65,6 +67,7 @@ def test_branch_and_trial_ids_are_one_scheme():
     assert branch_id(0, "base") == "base"
     assert [branch_id(3, r) for r in ("segment", "control", "aa")] == ["r03-seg", "r03-ctl", "r03-aa"]
     assert branch_id(12, "candidate", 2) == "r12-c2" and trial_id(12, 2) == "r12-t2"
+    assert [branch_id(12, r, 2) for r in ("replicate", "second_replicate")] == ["r12-c2r", "r12-c2r2"]
 
 
 def test_a_remedy_for_an_exploiting_control_is_tested_under_its_own_harness_noise():
@@ -116,10 +119,31 @@ def test_beside_an_exploiting_control_a_remedy_must_beat_where_the_round_started
     stat, reasons = gate.confirmed(planted, (dead, dead), start, 1, own, 0.95)
     assert "no_supported_gain" in reasons and stat.delta < 0 and stat.start_accuracy == 104 / 120
     code_start = outcomes(set(range(82)))  # 0.68
-    regrade = (outcomes(set(range(96))), outcomes(set(range(95))))  # 0.80, 0.79
+    regrade = (outcomes(set(range(96))), outcomes(set(range(95))), outcomes(set(range(94))))  # 0.80, 0.79, 0.78
     ctl = outcomes(set(range(64)))  # 0.53
     stat, reasons = gate.confirmed(regrade, (ctl, ctl), code_start, 1, own, 0.95)
     assert reasons == [] and stat.against.startswith("the round's starting policy")
+    assert stat.stage2.delta == pytest.approx(12 / 120) and stat.second_stage.delta == pytest.approx(13 / 120)
+    # Against the start, two runs are not enough (race._second_replicate_due trains the third).
+    _, reasons = gate.confirmed(regrade[:2], (ctl, ctl), code_start, 1, own, 0.95)
+    assert reasons == ["no_second_confirmation"]
+
+
+def test_against_the_start_each_of_the_finalist_s_confirmation_runs_must_pass():
+    """Two runs of a harness that spreads the policy (on the digits arms at a learning transition one harness's
+    runs ended anywhere from 0.09 to 1.0) can both land high above the fixed start read; a third run that lands
+    low is what shows the spread, and the finalist is not promoted on its two lucky runs."""
+    start = outcomes(set(range(12)))  # 0.10
+    high, low = outcomes(set(range(114))), outcomes(set(range(11)))  # 0.95, 0.09
+    runs = [outcomes(set(range(120))), high]  # 1.00 and 0.95: they agree, their pair measures little spread
+    own = gate.moderated([Pair.of(r, runs[0]) for r in runs[1:]])
+    dead = outcomes(set())
+    stat, reasons = gate.confirmed((*runs, high), (dead, dead), start, 1, own, 0.95)
+    assert reasons == [] and stat.second_stage is not None
+    spread = gate.moderated([Pair.of(r, runs[0]) for r in (high, low)])
+    assert spread.phi > 5 * own.phi  # the third run widens the finalist's own noise...
+    stat, reasons = gate.confirmed((*runs, low), (dead, dead), start, 1, spread, 0.95)
+    assert "no_supported_gain" in reasons and stat.stage2.delta < 0  # ...and its own test fails
 
 
 def test_an_exploit_appearing_in_a_control_run_mid_trial_is_not_the_comparator():

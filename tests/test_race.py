@@ -11,15 +11,17 @@ from rich.console import Console
 
 from conftest import small_config
 from evotrainer.backtest.statistics import Pair
-from evotrainer.backtest.trial import ArmSpec, run_arm
-from evotrainer.diagnostics.suite import Suite
+from evotrainer.backtest.trial import ArmResult, ArmSpec, run_arm
+from evotrainer.diagnostics.detector import Finding, Window, finding
+from evotrainer.diagnostics.suite import DetectorSpec, Suite
 from evotrainer.harness.harness import Harness
 from evotrainer.loop import run_loop
 from evotrainer.stages.context import split_heldout
-from evotrainer.stages.race import race_size
+from evotrainer.stages.race import control_exploits, race_size
 from evotrainer.stages.results import Mainline, read_stage
 from evotrainer.stages.spend import lineage, spend
 from evotrainer.store.ledger import Charge, Ledger
+from evotrainer.store.rollouts import RolloutStore
 from evotrainer.training.grpo import GRPOTrainer
 
 
@@ -179,22 +181,16 @@ def test_a_rollback_trains_the_next_round_on_other_seeds():
     assert again.at("r02-ctl", "d", 40).attempt == 0  # moving on is a fresh start
 
 
-def test_a_finalist_is_confirmed_beside_a_control_replicate_and_promoted(tmp_path, math_setup):
-    """The whole trial and gate, through the loop's own stages: a control whose learning rate wrecks the
-    policy (1.0) against a candidate that barely moves it (1e-5), so the candidate keeps what the base
-    solves on any CPU's numerics while the control solves nothing: it wins the race by every task the base
-    solves (a learning rate that trains, 3e-3, won by a margin the kernel set decided), is trained again on
-    fresh seeds beside a control replicate (which is the A-A pair the noise model needs), and the two-stage
-    test promotes it with the confirmation's effect on record."""
-    from evotrainer.backtest import gate
+def _a_raced_round(tmp_path, detectors: dict | None = None):
+    """The run, its start and one round's survivor for the whole-trial tests below (see the first's docstring):
+    (ctx, head, seg, survivors, cfg). `detectors`: planted ones added to the round's suite."""
     from evotrainer.backtest.trial import ArmResult
     from evotrainer.harness.interventions import Hypothesis, Intervention
     from evotrainer.proposers.proposer import Proposal
-    from evotrainer.stages import decide, start
-    from evotrainer.stages import race as race_stage
+    from evotrainer.stages import start
     from evotrainer.stages.context import run_stage
     from evotrainer.stages.noise import with_pairs
-    from evotrainer.stages.results import GateResult, PromoteResult, StartResult, Survivor, TrialResult
+    from evotrainer.stages.results import StartResult, Survivor
 
     cfg = small_config(
         tmp_path,
@@ -218,6 +214,8 @@ def test_a_finalist_is_confirmed_beside_a_control_replicate_and_promoted(tmp_pat
     # (statistics.noise_of). The noise this mechanism runs under is planted: one earlier A-A pair, 3-2.
     planted = with_pairs(head.noise, head.harness.version, 0, [(Pair(3, 2, 50), "earlier-aa", "earlier-ctl")])
     head = head.model_copy(update={"noise": planted})
+    if detectors:
+        head = head.model_copy(update={"suite": Suite(detectors={**head.suite.detectors, **detectors})})
     seg = ArmResult(
         branch="base",
         role="segment",
@@ -236,7 +234,26 @@ def test_a_finalist_is_confirmed_beside_a_control_replicate_and_promoted(tmp_pat
         hypothesis=Hypothesis(finding="explore", signal="heldout/accuracy", direction="up"),
     )
     survivors = [Survivor(Proposal(sane.bind(head.harness), "explore"), None)]
-    tried = run_stage(ctx, 1, "trial", TrialResult, lambda: race_stage.trial(ctx, 1, head, seg, survivors, []))
+    return ctx, head, seg, survivors, cfg
+
+
+def test_a_finalist_is_confirmed_beside_a_control_replicate_and_promoted(tmp_path, math_setup):
+    """The whole trial and gate, through the loop's own stages: a control whose learning rate wrecks the
+    policy (1.0) against a candidate that barely moves it (1e-5), so the candidate keeps what the base
+    solves on any CPU's numerics while the control solves nothing: it wins the race by every task the base
+    solves (a learning rate that trains, 3e-3, won by a margin the kernel set decided), is trained again on
+    fresh seeds beside a control replicate (which is the A-A pair the noise model needs), and the two-stage
+    test promotes it with the confirmation's effect on record."""
+    from evotrainer.backtest import gate
+    from evotrainer.stages import decide
+    from evotrainer.stages import race as race_stage
+    from evotrainer.stages.context import run_stage
+    from evotrainer.stages.results import GateResult, PromoteResult, TrialResult
+
+    ctx, head, seg, survivors, cfg = _a_raced_round(tmp_path)
+    tried = run_stage(
+        ctx, 1, "trial", TrialResult, lambda: race_stage.trial(ctx, 1, head, seg, survivors, [], head.suite)
+    )
     assert tried.finalist == 1
     roles = {a.role: a for a in tried.arms}
     assert set(roles) == {"control", "candidate", "replicate", "control_replicate"}
@@ -268,4 +285,83 @@ def test_a_finalist_is_confirmed_beside_a_control_replicate_and_promoted(tmp_pat
     )
     # The mainline remembers the raced round and its promotion: the next round's share is earned back.
     assert promoted.head.raced == 1 and promoted.head.promoted_at == [1]
+    ctx.ledger.close()
+
+
+def exploit_in_the_control_replicate(w: Window) -> list[Finding]:
+    """A planted validity detector (a plugin, as a user writes one): the exploit appeared mid-trial, in the control
+    replicate's window only."""
+    return _planted(w) if w.branch == "r01-ctlr" else []
+
+
+def exploit_outside_the_controls(w: Window) -> list[Finding]:
+    """A planted validity detector: an exploit in every window but the control's and its replicate's."""
+    return _planted(w) if w.branch not in ("r01-ctl", "r01-ctlr") else []
+
+
+def _planted(w: Window) -> list[Finding]:
+    return [finding(w, "planted_exploit", "critical", 1.0, 0.0, [], ("reward_weights.correct",), "planted", True)]
+
+
+def test_an_exploit_in_either_control_run_calls_for_the_finalist_s_third_run(tmp_path):
+    """Where a control run carries an exploit the finalist is compared with the round's start, and the trial trains
+    it a third time (race._second_replicate_due); the exploit is read as the gate reads it, by the round's suite over
+    each control run's own window. An exploit in an A-A arm or in the finalist's own runs does not call for it."""
+    store = RolloutStore(tmp_path / "store")
+
+    def arm(branch: str, role: str) -> ArmResult:
+        return ArmResult(
+            branch=branch,
+            role=role,
+            checkpoint="",
+            harness_version="h",
+            first_step=1,
+            last_step=4,
+            generated_tokens=0,
+            trained_tokens=0,
+            seconds=0.0,
+        )
+
+    race = [arm("r01-ctl", "control"), arm("r01-c1", "candidate"), arm("r01-aa", "aa"), arm("r01-c1r", "replicate")]
+    confirmed = [*race, arm("r01-ctlr", "control_replicate")]
+    outside = Suite(detectors={"planted_exploit": DetectorSpec(path=f"{__name__}:exploit_outside_the_controls")})
+    assert not control_exploits(store, outside, confirmed)
+    replicate = Suite(detectors={"planted_exploit": DetectorSpec(path=f"{__name__}:exploit_in_the_control_replicate")})
+    assert not control_exploits(store, replicate, race)
+    assert control_exploits(store, replicate, confirmed)
+
+
+def test_beside_a_control_replicate_that_exploits_the_finalist_runs_a_third_time_against_the_start(
+    tmp_path, math_setup
+):
+    """The round of the test above, with an exploit appearing mid-trial in the control replicate (a planted
+    detector in the round's suite): the confirmation is compared with the policy the arms forked from, so the
+    finalist is trained a third time on seeds of its own and must pass with each run. It barely moves the base, so
+    against the start it gains nothing (the race's win was over a wrecked control) and is rejected."""
+    from evotrainer.ids import branch_id
+    from evotrainer.stages import decide
+    from evotrainer.stages import race as race_stage
+    from evotrainer.stages.context import run_stage
+    from evotrainer.stages.results import GateResult, TrialResult
+
+    planted = {"planted_exploit": DetectorSpec(path=f"{__name__}:exploit_in_the_control_replicate")}
+    ctx, head, seg, survivors, cfg = _a_raced_round(tmp_path, planted)
+    tried = run_stage(
+        ctx, 1, "trial", TrialResult, lambda: race_stage.trial(ctx, 1, head, seg, survivors, [], head.suite)
+    )
+    arms = {a.branch: a for a in tried.arms}
+    assert tried.finalist == 1 and set(arms) == {"r01-ctl", "r01-c1", "r01-c1r", "r01-ctlr", "r01-c1r2"}
+    third = arms[branch_id(1, "second_replicate", 1)]
+    assert third.harness_version == arms["r01-c1"].harness_version != head.harness.version
+    seeds = {b["id"]: b["seed"] for b in ctx.ledger.branches() if b["id"] in arms}
+    gated = run_stage(
+        ctx, 1, "gate", GateResult, lambda: decide.gate_stage(ctx, 1, head, head.suite, tried, survivors, [])
+    )
+    [line] = gated.verdicts
+    [v] = ctx.ledger.verdicts()
+    s = v["statistic"]
+    assert s["against"].startswith("the round's starting policy") and s["second_stage"]["n"] == s["stage2"]["n"]
+    assert s["stage2"]["p"] >= s["second_stage"]["p"]  # the record is the weaker confirmation's
+    assert line.decision == "reject" and "no_supported_gain" in line.reasons
+    assert len(seeds) == 5 and len(set(seeds.values())) == 5  # each run on seeds of its own
     ctx.ledger.close()

@@ -177,7 +177,7 @@ def comparators(
 
 
 def confirmed(
-    cand: tuple[Outcomes, Outcomes],
+    cand: tuple[Outcomes, ...],
     control: tuple[Outcomes, Outcomes],
     start: Outcomes | None,
     k: int,
@@ -185,20 +185,27 @@ def confirmed(
     level: float,
     exploits: tuple[bool, bool] = (True, True),
 ) -> tuple[TwoStage, list[str]]:
-    """The finalist's two-stage test, its race run and its confirmation run against the alternative to
-    promoting it: the control and the control's replicate; or, where one of them carries an exploit
-    (`exploits`, by stage), `start`, the policy the round's arms forked from (gate.comparators): a remedy
-    that trains the policy below where it started is no remedy."""
+    """The finalist's two-stage test, its race run (`cand[0]`) and its confirmation run (`cand[1]`) against the
+    alternative to promoting it: the control and the control's replicate; or, where one of them carries an exploit
+    (`exploits`, by stage), `start`, the policy the round's arms forked from (gate.comparators): a remedy that
+    trains the policy below where it started is no remedy. Against that one fixed read the finalist needs a second
+    confirmation run (`cand[2]`, on seeds of its own) and must pass with each: two runs of a harness that spreads
+    the policy cannot show the spread when both land high (reason `no_second_confirmation` without it). The record
+    is the weaker test's, with the other confirmation as `second_stage`."""
     base, against_start = comparators(control, exploits, start)
-    stat, reasons = two_stage(Pair.of(cand[0], base[0]), Pair.of(cand[1], base[1]), k, noise, level)
-    if against_start:
-        stat = stat.model_copy(
-            update={
-                "against": "the round's starting policy: a control run carries an exploit",
-                "start_accuracy": sum(start.values()) / max(1, len(start)),
-            }
-        )
-    return stat, reasons
+    tests = [two_stage(Pair.of(cand[0], base[0]), Pair.of(run, base[1]), k, noise, level) for run in cand[1:]]
+    if not against_start:
+        return tests[0]
+    (stat, reasons), *other = sorted(tests, key=lambda t: -t[0].p)
+    stat = stat.model_copy(
+        update={
+            "against": "the round's starting policy: a control run carries an exploit",
+            "start_accuracy": sum(start.values()) / max(1, len(start)),
+            "second_stage": other[0][0].stage2 if other else None,
+        }
+    )
+    reasons = sorted({*reasons, *(r for _, rs in other for r in rs)})
+    return stat, reasons + ([] if other else ["no_second_confirmation"])
 
 
 def single_stage(pairs: list[Pair], noise: Noise, level: float) -> list[tuple[SignHolm, list[str]]]:

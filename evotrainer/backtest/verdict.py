@@ -90,7 +90,7 @@ class NoiseTest(Statistic):
 class TwoStage(NoiseTest):
     """The finalist's test: the race combined with its confirmation on fresh seeds (gate.two_stage)."""
 
-    OMIT_NONE: ClassVar[tuple[str, ...]] = (*Statistic.OMIT_NONE, "against", "start_accuracy")
+    OMIT_NONE: ClassVar[tuple[str, ...]] = (*Statistic.OMIT_NONE, "against", "start_accuracy", "second_stage")
     test: Literal["two_stage"] = "two_stage"
     stage1: RaceStage
     stage2: ConfirmStage
@@ -99,6 +99,9 @@ class TwoStage(NoiseTest):
     against: str | None = None
     """Set when the finalist was tested against the round's starting policy (the control carries an exploit)."""
     start_accuracy: float | None = None
+    second_stage: ConfirmStage | None = None
+    """Against the starting policy, the finalist's other confirmation run (gate.confirmed): both must pass, and
+    `stage2` is the weaker of the two."""
     confirmed_accuracy: float | None = None
     confirmed_control_accuracy: float | None = None
 

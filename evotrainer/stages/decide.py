@@ -179,12 +179,15 @@ def _noise_models(
             pairs.append((Pair.of(other.outcomes, control.outcomes), other.branch, control.branch))
     noise = with_pairs(head.noise, head.harness.version, rnd, pairs)
     mainline = noise.noise()
-    own = _finalist_pair(rnd, tried, evidence)
+    own = _finalist_pairs(rnd, tried, evidence)
     version = survivors[tried.finalist - 1].proposal.intervention.apply(head.harness).version if own else ""
-    model, measured_on = gate.finalist_noise(mainline, bank_noise(noise, version, [own[0]]) if own else None)
+    model, measured_on = gate.finalist_noise(
+        mainline, bank_noise(noise, version, [p for p, *_ in own]) if own else None
+    )
     if measured_on != "candidate":
         return noise, any(p.discordant for p, *_ in pairs), mainline, model, None
-    noise = noise.model_copy(update={"pairs": noise.pairs + [BankedPair.of(own[0], version, rnd, *own[1:])]})
+    banked = [BankedPair.of(p, version, rnd, *names) for p, *names in own]
+    noise = noise.model_copy(update={"pairs": noise.pairs + banked})
     line = NoiseLine(
         harness=version,
         phi=model.phi,
@@ -215,19 +218,20 @@ def _trial_record(
     )
 
 
-def _finalist_pair(rnd: int, tried: TrialResult, evidence) -> tuple[Pair, str, str] | None:
-    """The finalist's two runs, the race's and the confirmation's replicate: its own harness on two seeds
-    from one checkpoint, an A-A pair of that harness (None when there is no confirmation, or either run
-    carries an exploit)."""
+def _finalist_pairs(rnd: int, tried: TrialResult, evidence) -> list[tuple[Pair, str, str]]:
+    """The finalist's A-A pairs: its race run against each of its confirmation runs (the replicate, and the second
+    replicate where there is one), its own harness on other seeds from one checkpoint; none when there is no
+    confirmation, or a run carries an exploit. Each pair holds the race's run, the luckier of its seeds, so each
+    leans wide: the test it feeds is, if anything, stricter."""
     j = tried.finalist
-    cand, rep = (
-        (tried.arm(branch_id(rnd, "candidate", j)), tried.arm(branch_id(rnd, "replicate", j))) if j else (None, None)
-    )
-    if cand is None or rep is None or cand.stopped:
-        return None
-    if not gate.aa_pair_valid(evidence(cand).findings, evidence(rep).findings):
-        return None
-    return Pair.of(rep.outcomes, cand.outcomes), rep.branch, cand.branch
+    cand = tried.arm(branch_id(rnd, "candidate", j)) if j else None
+    if cand is None or cand.stopped:
+        return []
+    reps = [tried.arm(branch_id(rnd, role, j)) for role in ("replicate", "second_replicate")]
+    reps = [r for r in reps if r is not None]
+    if not reps or not all(gate.aa_pair_valid(evidence(cand).findings, evidence(r).findings) for r in reps):
+        return []
+    return [(Pair.of(r.outcomes, cand.outcomes), r.branch, cand.branch) for r in reps]
 
 
 def _test(
@@ -270,12 +274,19 @@ def _test(
             not_confirmed=tried.note or "not the race's best",
             **pair_figures(stage1),
         ), ["not_confirmed"]
+    runs = [a for a in (rep, tried.arm(branch_id(rnd, "second_replicate", j))) if a is not None]
     stat, reasons = gate.confirmed(
-        (cand.outcomes, rep.outcomes), (control.outcomes, ctlr.outcomes), start, k, model, level, exploits
+        (cand.outcomes, *(a.outcomes for a in runs)),
+        (control.outcomes, ctlr.outcomes),
+        start,
+        k,
+        model,
+        level,
+        exploits,
     )
     stat = stat.model_copy(update={"confirmed_accuracy": rep.accuracy, "confirmed_control_accuracy": ctlr.accuracy})
-    # The confirmation's run is the candidate too: an exploit it picks up counts against it.
-    reasons += [f"validity:{f.name}" for f in evidence(rep).findings if f.validity]
+    # The confirmation's runs are the candidate too: an exploit they pick up counts against it.
+    reasons += sorted({f"validity:{f.name}" for a in runs for f in evidence(a).findings if f.validity})
     return stat, reasons
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from evotrainer.backtest import gate
 from evotrainer.backtest.statistics import Pair
 from evotrainer.backtest.trial import ArmResult, ArmSpec
+from evotrainer.diagnostics.suite import Suite
 from evotrainer.ids import branch_id
 from evotrainer.stages.context import RunContext, StageRecords, arm_charge
 from evotrainer.stages.noise import bank_noise
@@ -18,8 +19,10 @@ from evotrainer.stages.results import SEED_STRIDE, BranchRecord, Mainline, Survi
 from evotrainer.stages.spend import lineage, race_allowance, spend
 from evotrainer.stages.start import over_budget
 from evotrainer.store.ledger import Charge
+from evotrainer.store.rollouts import RolloutStore
 
 _SEED_SLOT = {"control": 0, "aa": 100, "control_replicate": 200}
+_REPLICATE_SLOT = {"replicate": 300, "second_replicate": 400}
 
 
 def arm_seed(base: int, role: str, k: int = 0) -> int:
@@ -27,7 +30,7 @@ def arm_seed(base: int, role: str, k: int = 0) -> int:
     exactly an A-A arm, which is what the gate's noise model measures. Shared seeds would buy nothing
     here: on benchmarks/gate_calibration.py's arms the spread of a learning-rate fix minus its control
     was 0.020 with shared seeds and 0.019 with other seeds (trajectories part within a few steps)."""
-    slot = 1 + k if role == "candidate" else 300 + k if role == "replicate" else _SEED_SLOT[role]
+    slot = 1 + k if role == "candidate" else _REPLICATE_SLOT[role] + k if role in _REPLICATE_SLOT else _SEED_SLOT[role]
     return base + SEED_STRIDE * slot
 
 
@@ -50,7 +53,13 @@ def race_size(n: int, full: int, racing: bool, aa_due: bool, confirms: bool, fit
 
 
 def trial(
-    ctx: RunContext, rnd: int, head: Mainline, seg: ArmResult, survivors: list[Survivor], taint: list[str]
+    ctx: RunContext,
+    rnd: int,
+    head: Mainline,
+    seg: ArmResult,
+    survivors: list[Survivor],
+    taint: list[str],
+    suite: Suite,
 ) -> tuple[TrialResult, StageRecords]:
     cfg, steps = ctx.cfg, ctx.cfg.loop.trial_steps
     start, first = (head.checkpoint, head.step + 1) if taint else (seg.checkpoint, seg.last_step + 1)
@@ -92,6 +101,9 @@ def trial(
         ]
         specs += confirm
         arms += _run(ctx, rnd, confirm)
+        if _second_replicate_due(ctx, suite, arms, full):
+            specs.append(spec("replicate", "second_replicate", harnesses[j - 1], j))
+            arms += _run(ctx, rnd, specs[-1:])
     parent = head.branch if taint else seg.branch
     seeds = {sp.branch: sp.seed for sp in specs}
     return TrialResult(arms=arms, finalist=j, note=note), StageRecords(
@@ -148,6 +160,26 @@ def _specs(
 
 def _run(ctx: RunContext, rnd: int, specs: list[ArmSpec]) -> list[ArmResult]:
     return ctx.executor.run(specs, started=lambda s: ctx.ledger.set_status(rnd, "trial", s.branch)) if specs else []
+
+
+def _second_replicate_due(ctx: RunContext, suite: Suite, arms: list[ArmResult], full: int) -> bool:
+    """Whether the finalist gets a third run, on seeds of its own: where a control run carries an exploit
+    (control_exploits), the finalist is compared with the policy the arms forked from (gate.comparators). Against
+    that one fixed read, two runs of a harness that spreads the policy cannot show the spread when both land high:
+    the gate promoted such a harness raced against itself in 1.5-1.8% of first rounds (benchmarks/gate_calibration
+    .py, digits at a learning transition; nominal 1.25%). Each confirmation run must then pass (gate.confirmed).
+    Not where the run, with the round's others (`full` tokens an arm), would pass a budget cap: the gate then says
+    what was missing."""
+    if not control_exploits(ctx.store, suite, arms):
+        return False
+    return over_budget(ctx.cfg, ctx.ledger.spent(), Charge(full * (len(arms) + 1))) is None
+
+
+def control_exploits(store: RolloutStore, suite: Suite, arms: list[ArmResult]) -> bool:
+    """Whether the control or its replicate carries an exploit in its own window, read as the gate reads it
+    (gate.invalid_reasons over the suite's findings; the gate stage stores them)."""
+    controls = [a for a in arms if a.role in ("control", "control_replicate")]
+    return any(gate.invalid_reasons(suite.run(store, a.branch, a.first_step, a.last_step)) for a in controls)
 
 
 def _finalist(

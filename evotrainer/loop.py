@@ -164,7 +164,11 @@ def run_round(ctx: RunContext, tell: Narrator, rnd: int, head: Mainline) -> tupl
     tell.promote(promoted)
     # -- 9. remember: every verdict becomes evidence for (or against) a skill -----------------------------------
     remembered = stage(
-        ctx, rnd, "remember", RememberResult, lambda: decide.remember(ctx, rnd, gated, survivors, proposed.signature)
+        ctx,
+        rnd,
+        "remember",
+        RememberResult,
+        lambda: decide.remember(ctx, rnd, head.harness.version, gated, survivors, proposed.signature),
     )
     tell.remember(remembered)
     if promoted.rejected and not survivors:

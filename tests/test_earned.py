@@ -85,12 +85,22 @@ def test_a_promotion_earned_in_a_trial_moves_the_mainline_becomes_a_skill_and_is
         # The mainline continues from the candidate, under the candidate's harness.
         assert promoted.promoted == trial["id"] and promoted.head.branch == "r01-c1"
         assert promoted.head.harness.optimizer.learning_rate == 1e-4
+        applied_to = read_stage(ledger, 1, "trial").arm("r01-ctl").harness_version  # the harness it changed
     finally:
         ledger.close()
     [skill] = SkillLibrary(skills).all()
-    # A numeric move is kept as its factor (new / old), applied to the current value when reused.
-    assert skill.target == "optimizer.learning_rate" and skill.factor == pytest.approx(1e-4 / 0.3, rel=1e-3)
-    assert [(e.run, e.decision) for e in skill.evidence] == [("first", "promote")]
+    # What the remedy set (the value, not a step from the old one) and the context it won in.
+    assert skill.target == "optimizer.learning_rate" and skill.value == 1e-4 and skill.factor is None
+    [won] = skill.evidence
+    assert (won.run, won.decision, won.domain, won.model, won.before, won.reused) == (
+        "first",
+        "promote",
+        "math",
+        "tiny",
+        0.3,
+        False,
+    )
+    assert won.harness == applied_to
     assert skill.lineage["run"] == "first" and skill.lineage["source"] == "llm"
 
     # A second run with the same library and the heuristic proposer: same seed, same round-1 signature, so
@@ -105,4 +115,8 @@ def test_a_promotion_earned_in_a_trial_moves_the_mainline_becomes_a_skill_and_is
         assert second.trials()[0]["skill_id"] == skill.id
     finally:
         second.close()
-    assert {e.run for e in SkillLibrary(skills).get(skill.id).evidence} == {"first", "second"}
+    again = SkillLibrary(skills).get(skill.id)
+    assert {e.run for e in again.evidence} == {"first", "second"}
+    # Its record says where it was reused and what it bought there.
+    [reuse] = again.reuses
+    assert reuse.run == "second" and reuse.effect is not None

@@ -38,14 +38,17 @@ def test_a_skill_is_quarantined_until_it_wins_twice_and_evidence_is_not_counted_
     iv = LR_UP.bind(Harness(optimizer={"learning_rate": 1e-4}))
     assert lib.record(iv, _ev("t1", "reject"), source="catalog", create=False) is None  # a loss creates nothing
     s = lib.record(iv, _ev("t1"), source="catalog", create=True)
-    assert s.quarantined and s.wins == 1 and s.factor == pytest.approx(3.0)
+    assert s.quarantined and s.wins == 1 and s.value == 3e-4 and s.factor is None
     assert lib.record(iv, _ev("t1"), source="catalog", create=True).wins == 1  # the same trial again (a resume)
     s = lib.record(iv, _ev("t2", run="r2"), source="catalog", create=True)
     assert not s.quarantined and s.wins == 2
     s = lib.record(iv, _ev("t3", "reject", run="r2"), source="catalog", create=False)
     assert (s.wins, s.losses) == (2, 1)
-    # The template transfers as a factor: x3 of whatever learning rate the next harness has.
-    assert s.instantiate(Harness(optimizer={"learning_rate": 2e-5})).value == pytest.approx(6e-5)
+    # The skill is what the remedy set, on whatever learning rate the next harness has; where the harness already
+    # holds it there is nothing to remedy.
+    assert s.instantiate(Harness(optimizer={"learning_rate": 2e-5})).value == 3e-4
+    with pytest.raises(ValueError, match="already"):
+        s.instantiate(Harness(optimizer={"learning_rate": 3e-4}))
 
 
 def test_export_import_round_trip_merges_evidence(tmp_path):
@@ -106,6 +109,47 @@ def test_retrieval_ranks_by_signature_similarity(tmp_path):
     assert [x.intervention.target for x in m] == ["sampling.temperature"]
     assert m[0].similarity == pytest.approx(0.5)
     assert lib.match(("entropy_collapse",), "math", h) == []
+
+
+def test_a_skill_is_offered_in_another_domain_where_its_signature_matches_and_not_where_the_harness_holds_it(
+    tmp_path,
+):
+    """The paper's filter found on SWE and reused on coding: a skill is a value with the context it won in, offered
+    wherever its trigger signature appears, the same domain's (and model's) first on equal similarity, and not
+    where the harness already holds its value (a step on the knob would apply again and again)."""
+    lib = SkillLibrary(tmp_path)
+    h = Harness()
+    keep = Intervention(
+        kind="set_knob",
+        target="filters.std_keep_ratio",
+        value=0.9,
+        hypothesis=Hypothesis(finding="dead_outcome_groups", signal="frac_outcome_zero_std", direction="down"),
+    )
+    temp = Intervention(
+        kind="set_knob",
+        target="sampling.temperature",
+        value=1.2,
+        hypothesis=Hypothesis(finding="dead_outcome_groups", signal="frac_outcome_zero_std", direction="down"),
+    )
+    swe = Evidence(run="s", round=2, trial="r02-t1", decision="promote", effect=0.04, domain="swe", model="tiny")
+    lib.record(keep.bind(h), swe.model_copy(update={"signature": ["dead_outcome_groups"]}), source="llm", create=True)
+    code = swe.model_copy(update={"domain": "code", "trial": "r03-t1", "signature": ["dead_outcome_groups"]})
+    lib.record(temp.bind(h), code, source="catalog", create=True)
+    m = lib.match(("dead_outcome_groups",), "code", h, "tiny")
+    assert [(x.intervention.target, x.domains) for x in m] == [
+        ("sampling.temperature", ("code",)),  # won here: first on equal similarity
+        ("filters.std_keep_ratio", ("swe",)),  # won on SWE, offered on code
+    ]
+    assert m[1].intervention.value == 0.9
+    # In a third domain both are offered (neither won there).
+    assert {x.intervention.target for x in lib.match(("dead_outcome_groups",), "math", h)} == {
+        "filters.std_keep_ratio",
+        "sampling.temperature",
+    }
+    held = h.model_copy(update={"filters": h.filters.model_copy(update={"std_keep_ratio": 0.9})})
+    assert [x.intervention.target for x in lib.match(("dead_outcome_groups",), "code", held)] == [
+        "sampling.temperature"
+    ]
 
 
 def _finding(name: str, knobs=("optimizer.learning_rate",), severity="warning", validity=False) -> Finding:

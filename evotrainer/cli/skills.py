@@ -39,25 +39,35 @@ def skills_list(
     shared: bool = _GLOBAL,
     as_json: bool = typer.Option(False, "--json", help="A JSON array of the skills instead of a table"),
 ) -> None:
-    """List the skills: template, trigger signature, evidence, quarantine."""
+    """List the skills: what each sets, trigger signature, where it won, evidence, reuse, quarantine."""
     skills = _library(skills_dir, shared).all()
     if as_json:
         print_json(
-            {**s.model_dump(mode="json"), "wins": s.wins, "losses": s.losses, "quarantined": s.quarantined}
+            {
+                **s.model_dump(mode="json"),
+                "wins": s.wins,
+                "losses": s.losses,
+                "quarantined": s.quarantined,
+                "reused": len(s.reuses),
+            }
             for s in skills
         )
         return
-    t = Table("id", "intervention", "signature", "domains", "won", "lost", "mean effect", "status")
+    t = Table("id", "intervention", "signature", "domains", "models", "won", "lost", "mean effect", "reused", "status")
     for s in skills:
         change = f"x{s.factor:g}" if s.factor is not None else repr(s.value)
+        reused = s.reuses
+        bought = [e.effect for e in reused if e.effect is not None]
         t.add_row(
             s.id,
             f"{s.kind} {s.target} {change}",
             ", ".join(s.signature) or "-",
             ", ".join(s.domains),
+            ", ".join(s.models) or "-",
             str(s.wins),
             str(s.losses),
             f"{s.mean_effect:+.3f}",
+            f"{len(reused)} ({sum(bought) / len(bought):+.3f})" if bought else str(len(reused)),
             "quarantined" if s.quarantined else "active",
         )
     console.print(t)

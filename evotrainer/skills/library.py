@@ -1,12 +1,14 @@
-"""The skill library: promoted interventions kept as reusable templates, shared across runs (by default
-the runs of one project: `<run.out_dir>/skills`).
+"""The skill library: promoted interventions kept as reusable remedies, shared across runs (by default the runs
+of one project: `<run.out_dir>/skills`).
 
-A skill is one JSON file in the library directory: the intervention template (numeric knob changes
-are kept as a factor, so "learning rate x3" transfers to a harness with another learning rate), the
-trigger signature (the findings that called for it), domain tags, evidence (every trial that used
-it: run, round, decision, effect) and lineage. A new skill is quarantined until it has won twice.
-Writes are atomic (temp file, fsync, rename) under a lock file, so concurrent runs do not lose
-each other's evidence."""
+A skill is one JSON file in the library directory: what the remedy set (the value, not a step: "learning rate
+x3" misapplies once the knob has moved, and says nothing of where the knob should be), the trigger signature
+(the findings that called for it), the contexts it was tried in (domain, model, the harness it was applied to
+and the value it replaced), evidence (every trial that used it: run, round, decision, effect, and whether the
+trial was the skill reused) and lineage. A skill is offered first where its signature matches, in any domain;
+where the harness already holds its value it is not offered. A new skill is quarantined until it has won twice.
+Writes are atomic (temp file, fsync, rename) under a lock file, so concurrent runs do not lose each other's
+evidence."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from evotrainer.config import PolicySection
 from evotrainer.errors import ConfigError
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.interventions import Hypothesis, Intervention, knob_value
@@ -31,6 +34,12 @@ GLOBAL_LIBRARY = Path("~/.evotrainer/skills")
 """A library shared by every project of this user: read and written only where loop.skills_dir names it."""
 PROJECT_LIBRARY = "skills"
 """The project's library, a directory of this name beside its runs (in run.out_dir): the default."""
+
+
+def model_name(policy: PolicySection) -> str:
+    """The model a run trains, as a skill's context records it: the pretrained model's name, the checkpoint
+    directory's, or the from-scratch kind."""
+    return policy.pretrained or (Path(policy.path).name if policy.path else policy.kind)
 
 
 def library_dir(skills_dir: str | Path | None, out_dir: str | Path) -> Path:
@@ -49,6 +58,14 @@ class Evidence(BaseModel):
     """Candidate minus control held-out accuracy (gate tasks)."""
     domain: str = ""
     signature: list[str] = Field(default_factory=list)
+    model: str = ""
+    """The policy the trial trained (decide.model_name): a pretrained model's name, a checkpoint's, or `tiny`."""
+    harness: str = ""
+    """The version of the harness the intervention was applied to."""
+    before: Any = None
+    """The value the intervention replaced there."""
+    reused: bool = False
+    """The trial's proposal was this skill, offered from the library (not found afresh)."""
 
 
 class Skill(BaseModel):
@@ -57,8 +74,10 @@ class Skill(BaseModel):
     kind: str
     target: str
     value: Any = None
+    """What the remedy set: the knob's value, the term's weight, the replacing term."""
     factor: float | None = None
-    """For numeric knob changes: new / old, applied to the current value when the skill is reused."""
+    """Skills written before values were kept: new / old, applied to the current value when reused. New skills keep
+    the value (None here)."""
     hypothesis: Hypothesis
     signature: list[str]
     domains: list[str]
@@ -83,34 +102,32 @@ class Skill(BaseModel):
         e = [x.effect for x in self.evidence if x.effect is not None]
         return sum(e) / len(e) if e else 0.0
 
+    @property
+    def reuses(self) -> list[Evidence]:
+        """The trials that were this skill offered from the library: where it was reused and what it bought."""
+        return [e for e in self.evidence if e.reused]
+
+    @property
+    def models(self) -> list[str]:
+        return sorted({e.model for e in self.evidence if e.model})
+
     def instantiate(self, h: Harness) -> Intervention:
-        """This skill as an intervention on harness h (a factor is applied to h's current value)."""
+        """This skill as an intervention on harness h: its value (a skill from before values were kept applies its
+        factor to h's current value). ValueError where h already holds it: there is nothing to remedy."""
         value = self.value
         if self.factor is not None:
             current = knob_value(h, self.target)
             value = type(current)(
                 round(current * self.factor) if isinstance(current, int) else float(f"{current * self.factor:.3g}")
             )
+        elif self.kind == "set_knob" and knob_value(h, self.target) == value:
+            raise ValueError(f"{self.target} is already {value!r}")
         return Intervention(kind=self.kind, target=self.target, value=value, hypothesis=self.hypothesis)
 
 
-def template(iv: Intervention) -> tuple[Any, float | None]:
-    """(value, factor): numeric knob changes become a factor of the old value."""
-    if (
-        iv.kind == "set_knob"
-        and isinstance(iv.value, (int, float))
-        and not isinstance(iv.value, bool)
-        and isinstance(iv.before, (int, float))
-        and not isinstance(iv.before, bool)
-        and iv.before
-    ):
-        return None, float(f"{iv.value / iv.before:.4g}")
-    return iv.value, None
-
-
 def skill_id(iv: Intervention) -> str:
-    value, factor = template(iv)
-    key = json.dumps([iv.kind, iv.target, value, factor], sort_keys=True, default=str)
+    """The skill of an intervention: its kind, target and the value it set."""
+    key = json.dumps([iv.kind, iv.target, iv.value, None], sort_keys=True, default=str)
     return "k-" + hashlib.sha256(key.encode()).hexdigest()[:10]
 
 
@@ -163,13 +180,11 @@ class SkillLibrary:
             if path.is_file():
                 skill = Skill.model_validate_json(path.read_text())
             elif create:
-                value, factor = template(iv)
                 skill = Skill(
                     id=sid,
                     kind=iv.kind,
                     target=iv.target,
-                    value=value,
-                    factor=factor,
+                    value=iv.value,
                     hypothesis=iv.hypothesis,
                     signature=ev.signature,
                     domains=[ev.domain],
@@ -188,9 +203,10 @@ class SkillLibrary:
             self._write(skill)
             return skill
 
-    def match(self, signature: tuple[str, ...], domain: str, h: Harness) -> list[SkillMatch]:
-        """Skills whose trigger signature overlaps this one, best first: similarity, then the same
-        domain, then out of quarantine, then net wins."""
+    def match(self, signature: tuple[str, ...], domain: str, h: Harness, model: str = "") -> list[SkillMatch]:
+        """Skills whose trigger signature overlaps this one, in any domain, best first: similarity, then won in the
+        same domain, then with the same model, then out of quarantine, then net wins. A skill whose value h already
+        holds, or for a knob h does not have, is not offered."""
         out = []
         for s in self.all():
             sim = similarity(s.signature, signature)
@@ -202,7 +218,7 @@ class SkillLibrary:
                 continue  # a skill for a knob this harness does not have
             out.append(
                 (
-                    domain in s.domains,
+                    (domain in s.domains, model in s.models),
                     SkillMatch(
                         s.id,
                         iv,
@@ -217,7 +233,14 @@ class SkillLibrary:
                 )
             )
         out.sort(
-            key=lambda t: (-t[1].similarity, not t[0], t[1].quarantined, -(t[1].wins - t[1].losses), t[1].skill_id)
+            key=lambda t: (
+                -t[1].similarity,
+                not t[0][0],
+                not t[0][1],
+                t[1].quarantined,
+                -(t[1].wins - t[1].losses),
+                t[1].skill_id,
+            )
         )
         return [m for _, m in out]
 

@@ -23,7 +23,7 @@ from evotrainer.diagnostics.detector import Finding
 from evotrainer.diagnostics.suite import Suite
 from evotrainer.harness.harness import Harness, save_harness
 from evotrainer.ids import EVAL, branch_id, rollout_id, trial_id
-from evotrainer.skills.library import Evidence
+from evotrainer.skills.library import Evidence, model_name
 from evotrainer.stages.context import RunContext, StageRecords, arm_charge
 from evotrainer.stages.noise import BankedPair, NoiseBank, bank_noise, with_pairs
 from evotrainer.stages.results import (
@@ -356,9 +356,11 @@ def promote(
 
 
 def remember(
-    ctx: RunContext, rnd: int, gated: GateResult, survivors: list[Survivor], sig: list[str]
+    ctx: RunContext, rnd: int, harness: str, gated: GateResult, survivors: list[Survivor], sig: list[str]
 ) -> tuple[RememberResult, StageRecords]:
-    """Every verdict becomes evidence for (or against) a skill; a promotion creates one (quarantined)."""
+    """Every verdict becomes evidence for (or against) a skill, with the context it was tried in (the domain, the
+    model, `harness`: the version the interventions were applied to, and the value each replaced); a promotion
+    creates one (quarantined)."""
     cfg, touched = ctx.cfg, []
     for v, survivor in zip(gated.verdicts, survivors):
         p = survivor.proposal
@@ -370,6 +372,10 @@ def remember(
             effect=v.delta,
             domain=cfg.env.domain,
             signature=list(sig),
+            model=model_name(cfg.policy),
+            harness=harness,
+            before=p.intervention.before,
+            reused=p.skill_id is not None,
         )
         s = ctx.skills.record(p.intervention, ev, source=p.source, create=v.decision == "promote", sid=p.skill_id)
         if s is not None:

@@ -10,6 +10,7 @@ from evotrainer.diagnostics.suite import Suite
 from evotrainer.harness.harness import Harness
 from evotrainer.proposers.brief import build_brief
 from evotrainer.proposers.proposer import Proposal, Refusal, intervention_key, screen, signature
+from evotrainer.skills.library import model_name
 from evotrainer.stages.context import RunContext, StageRecords
 from evotrainer.stages.evidence import past_verdicts
 from evotrainer.stages.results import ProposalRecord, ProposeResult, ReplayDecision, ReplayResult
@@ -52,7 +53,7 @@ def propose(
         store=ctx.store,
         branches=[seg_branch],
         ledger=ctx.ledger,
-        skills=ctx.skills.match(sig, cfg.env.domain, harness),
+        skills=ctx.skills.match(sig, cfg.env.domain, harness, model_name(cfg.policy)),
         limit=cfg.loop.candidates,
         explore=cfg.loop.explore,
         step=seg_window[1],

@@ -183,6 +183,8 @@ def cell(domain: str, pools: list[dict], path: str, k: int, family: str, a: argp
         "per_run_false_promotion_rate": rate(sum(any(r) for r in null_runs), len(null_runs)),
         "nominal": round(gate.round_alpha(ALPHA, 1, []), 5),
         "nominal_run": ALPHA,
+        # The mode a new run may use: `sign` is measured to show why it is refused (start.check_gate).
+        "gate_mode": "refused for new runs" if path == "sign" else "in use",
         "power": rate(sum(power), len(power)) if power else None,
         "counts": {
             "null_first_rounds": len(nulls),

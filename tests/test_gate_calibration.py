@@ -4,11 +4,14 @@ harness mostly are not."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from benchmarks.gate_calibration import Exhausted, PoolRound, first_rounds, main, resampled
 from benchmarks.gate_paths import PATHS
+from benchmarks.paths import RESULTS
 
 TASKS = 250
 
@@ -79,3 +82,17 @@ def test_a_pool_too_small_for_the_rounds_is_refused_before_any_arm_trains(tmp_pa
     err = capsys.readouterr().err
     assert "--fixes (10)" in err and "K + 4 = 13" in err
     assert not (tmp_path / "w").exists()  # nothing built
+
+
+def test_the_committed_calibration_holds_every_gate_mode_in_use_at_or_under_its_nominal_rates():
+    """What benchmarks/RESULTS.md and the README say of the committed rows: every path a new run can take is at or
+    under nominal, per round and per run, on both domains and both null families; the refused mode (`sign`) is
+    kept to show why it is refused."""
+    rows = json.loads((RESULTS / "gate_calibration.json").read_text())
+    assert {r["domain"] for r in rows} == {"math", "digits"} and len({r["null"] for r in rows}) == 2
+    in_use = [r for r in rows if r["gate_mode"] == "in use"]
+    assert {r["path"] for r in in_use} == set(PATHS) - {"sign"} and {r["K"] for r in in_use} == {1, 2}
+    for r in in_use:
+        assert r["false_promotion_rate"]["rate"] <= r["nominal"], r
+        assert r["per_run_false_promotion_rate"]["rate"] <= r["nominal_run"], r
+    assert all(r["gate_mode"] == "refused for new runs" for r in rows if r["path"] == "sign")

@@ -107,6 +107,10 @@ SCENARIOS: dict[str, Scenario] = {
         lambda c, h: _h(c).reward_weights == {"contains_answer": 1.0} != _h(h).reward_weights,
         ("reward_hacking", "reward_audit_gap"),
         (("reward_hacking", "reward_weights.contains_answer"), ("reward_audit_gap", "reward_weights.contains_answer")),
+        # reward_hacking reads a paid term that rises: where the warm start is paid by the lenient term from the
+        # first step there is no rise to see (seed 2 on an AMD EPYC: 88% of paid answers fail the audit from the
+        # start, the reward flat over 100 steps; reward_audit_gap fires).
+        seeds=3,
     ),
     "length_blowup": Scenario(
         "healthy",

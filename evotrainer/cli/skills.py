@@ -60,7 +60,7 @@ def skills_list(
         bought = [e.effect for e in reused if e.effect is not None]
         t.add_row(
             s.id,
-            f"{s.kind} {s.target} {change}",
+            f"{s.kind} {s.target} {change}" + (f" + {s.paired.describe()}" if s.paired else ""),
             ", ".join(s.signature) or "-",
             ", ".join(s.domains),
             ", ".join(s.models) or "-",

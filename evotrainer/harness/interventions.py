@@ -1,6 +1,8 @@
 """Interventions: typed single-factor patches of the harness, each with the hypothesis it tests.
 Applying one gives a new harness version whose parent is the old one; reverting restores the parent
-exactly. A patch that would change more (or less) than one knob is refused."""
+exactly. A patch that would change more (or less) than one knob is refused, with one exception: a two-factor
+remedy (`paired`), proposed only where one factor failed alone in a way the diagnostics put on another knob, is
+two single-knob changes trialled as one hypothesis, and recorded as such."""
 
 from __future__ import annotations
 
@@ -8,7 +10,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
 
 from evotrainer.errors import validation_lines
 from evotrainer.harness.harness import Harness
@@ -77,26 +86,57 @@ class Intervention(BaseModel):
     before_absent: bool = False
     base_parent: str | None = None
     bound: bool = False
+    paired: Intervention | None = None
+    """A second factor the hypothesis needs: this change failed alone in a way the diagnostics put on another knob
+    (a finding on its trial's window, absent from the control's, naming that knob), so the two are tried together.
+    It changes one other knob and carries no pair of its own; the pair is one hypothesis, one trial, one verdict."""
+
+    @model_serializer(mode="wrap")
+    def _omit_no_pair(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # A single change is written as before pairs existed: its JSON, keys and hashes do not change.
+        data = handler(self)
+        if isinstance(data, dict) and data.get("paired", 0) is None:
+            del data["paired"]
+        return data
+
+    @model_validator(mode="after")
+    def _one_pair(self) -> Intervention:
+        if self.paired is not None and (self.paired.paired is not None or self.paired.target == self.target):
+            raise ValueError(
+                f"paired: {self.describe()} may pair with one change of another knob, not {self.paired.describe()}"
+            )
+        return self
 
     @property
     def replayable(self) -> bool:
-        return is_replayable(self.target)
+        return is_replayable(self.target) and (self.paired is None or self.paired.replayable)
 
     def describe(self) -> str:
         if self.kind == "replace_reward_term":
-            return f"{self.kind} {self.target} -> reward_weights.{self.value}"
-        old = f"{self.before!r} -> " if self.bound else ""
-        return f"{self.kind} {self.target}: {old}{self.value!r}"
+            own = f"{self.kind} {self.target} -> reward_weights.{self.value}"
+        else:
+            old = f"{self.before!r} -> " if self.bound else ""
+            own = f"{self.kind} {self.target}: {old}{self.value!r}"
+        return own if self.paired is None else f"{own} + {self.paired.describe()}"
 
     def bind(self, h: Harness) -> Intervention:
-        """This intervention with the harness's current value recorded (for revert and reports)."""
+        """This intervention with the harness's current value recorded (for revert and reports). The pair's second
+        change is bound to the same harness: its knob is another, so the first change does not move it."""
         old = _get(h, self.target)
         absent = old is _MISSING
-        return self.model_copy(
-            update={"before": None if absent else old, "before_absent": absent, "base_parent": h.parent, "bound": True}
-        )
+        update = {"before": None if absent else old, "before_absent": absent, "base_parent": h.parent, "bound": True}
+        if self.paired is not None:
+            update["paired"] = self.paired.bind(h)
+        return self.model_copy(update=update)
 
     def apply(self, h: Harness) -> Harness:
+        if self.paired is None:
+            return self._apply_one(h)
+        # Each part is held to one knob by its own apply; the child's parent is h: the pair is one step.
+        both = self.paired.apply(self.model_copy(update={"paired": None}).apply(h)).model_dump(mode="python")
+        return _validate({**both, "parent": h.version}, self.target)
+
+    def _apply_one(self, h: Harness) -> Harness:
         _check_kind(self)
         data = h.model_dump(mode="python")
         if self.kind == "remove_reward_term":
@@ -136,6 +176,8 @@ class Intervention(BaseModel):
         """The exact parent of `child` (same canonical spec, same version)."""
         if not self.bound:
             raise InterventionError("revert needs a bound intervention: call bind(parent) before apply")
+        if self.paired is not None:
+            child = self.paired.revert(child)
         data = child.model_dump(mode="python")
         if self.kind == "replace_reward_term":
             _rename_term(data, self.value, self.target.split(".", 1)[1])

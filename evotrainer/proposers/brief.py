@@ -70,9 +70,17 @@ def history(ledger: Ledger) -> list[PastTrial]:
                 v.statistic.delta if v else None,
                 harness=ctrl.get("harness_version", ""),
                 step=cand.get("first_step", 0),
+                new_findings=_new_findings(ledger, t.round, v.findings) if v else (),
             )
         )
     return out
+
+
+def _new_findings(ledger: Ledger, rnd: int, findings: list[Finding]) -> tuple[Finding, ...]:
+    """The candidate window's warning and critical findings that the round's control window did not carry."""
+    gated = ledger.stage_result(rnd, "gate") or {}
+    control = {f["name"] for f in gated.get("control_findings", [])}
+    return tuple(f for f in findings if f.severity != "info" and f.name not in control)
 
 
 def samples(store: RolloutStore, branches: list[str], n: int) -> list[str]:

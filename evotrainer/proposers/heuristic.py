@@ -15,6 +15,7 @@ from evotrainer.harness.harness import Harness
 from evotrainer.harness.interventions import Hypothesis, Intervention, knob_value
 from evotrainer.harness.remedies import ACC, DROP_TERM, REWEIGHT_TERM, Remedy, const, scale
 from evotrainer.proposers.moves import moves
+from evotrainer.proposers.pairs import pairs
 from evotrainer.proposers.proposer import Brief, Proposal, ProposerOutput, intervention_key, screen
 
 
@@ -442,6 +443,10 @@ class HeuristicProposer:
                         f"skill {s.skill_id}: {s.wins} won, {s.losses} lost, similarity {s.similarity:.2f}",
                     )
                 )
+        # A change rejected alone while its window newly carried a finding that names another knob, tried with that
+        # knob moved (pairs.py): the most specific evidence a round has, so the latest goes before the catalog.
+        paired = [Proposal(iv, "pair", note=iv.hypothesis.rationale) for iv in pairs(brief, candidates_for)]
+        ranked += paired[:1]
         order = {"critical": 0, "warning": 1, "info": 2}
         # Among equally severe findings, one whose first remedy regrades a reward term names the exploit's
         # channel (tests edited, examples hard-coded) and closes it; the generic validity findings that fire
@@ -459,6 +464,7 @@ class HeuristicProposer:
         per_finding = [c for _, c in per]
         for i in range(max((len(c) for c in per_finding), default=0)):
             ranked += [Proposal(c[i], "catalog") for c in per_finding if i < len(c)]
+        ranked += paired[1:]
         # A move rejected under this signature since the mainline last moved is screened out (proposer.py:
         # standing), so the next rung of the same knob comes up in its place.
         exploratory = [Proposal(iv, "explore") for iv in explore(h, brief.findings)]

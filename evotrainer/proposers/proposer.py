@@ -28,8 +28,9 @@ def similarity(a: tuple[str, ...] | list[str], b: tuple[str, ...] | list[str]) -
 
 
 def intervention_key(iv: Intervention) -> str:
-    """Identity of an intervention's change (not of its hypothesis): kind, target and value."""
-    return f"{iv.kind}:{iv.target}={json.dumps(iv.value, sort_keys=True, default=str)}"
+    """Identity of an intervention's change (not of its hypothesis): kind, target and value, and its pair's."""
+    own = f"{iv.kind}:{iv.target}={json.dumps(iv.value, sort_keys=True, default=str)}"
+    return own if iv.paired is None else f"{own} + {intervention_key(iv.paired)}"
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,9 @@ class PastTrial:
     effect: float | None  # candidate minus control held-out accuracy on the gate tasks
     harness: str = ""  # the mainline's harness version the trial was run under
     step: int = 0  # the mainline step it forked from
+    # Findings (warning or critical) on the candidate's window that its control's did not carry: what the change
+    # did besides what it was meant to (where one names another knob, proposers/pairs.py pairs the two).
+    new_findings: tuple[Finding, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -85,7 +89,8 @@ class Brief:
 @dataclass(frozen=True)
 class Proposal:
     """A candidate for a trial. `source`: `skill` (from the library), `catalog` (a known remedy for
-    a finding), `explore` (an untried knob) or `llm`; `skill_id` links a skill's evidence."""
+    a finding), `pair` (a rejected change with a second knob, pairs.py), `explore` (an untried knob), `llm` or
+    `planted` (loop.planted); `skill_id` links a skill's evidence."""
 
     intervention: Intervention
     source: str

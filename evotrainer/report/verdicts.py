@@ -22,6 +22,7 @@ from evotrainer.backtest.verdict import (
     TwoStage,
     VerdictRecord,
 )
+from evotrainer.harness.interventions import Intervention
 from evotrainer.report.evidence import link
 from evotrainer.report.svg import PROMOTE, REJECT, Scale, esc, line, num, svg, text, ticks
 
@@ -62,13 +63,22 @@ def _counts(s: Statistic) -> tuple[int, int, int] | None:
     return None
 
 
+def _parts(iv: Intervention) -> list[Intervention]:
+    """An intervention's changes: one, or a two-factor remedy's two."""
+    return [iv] if iv.paired is None else [iv, iv.paired]
+
+
+def _short(iv: Intervention) -> str:
+    return f"{iv.target.split('.')[-1]} {iv.before} → {iv.value}"
+
+
 def effect(v: VerdictRecord, tr: TrialRecord | None) -> Effect:
     s = v.statistic
     phi = s.phi if isinstance(s, NoiseTest) else (v.noise.phi or 1.0)
     dof = s.dof if isinstance(s, NoiseTest) else v.noise.dof
     c = _counts(s)
     half = half_width(*c, phi, dof, s.level) if c else None
-    what = f"{tr.intervention.target.split('.')[-1]} {tr.intervention.before} → {tr.intervention.value}" if tr else ""
+    what = " + ".join(_short(iv) for iv in _parts(tr.intervention)) if tr else ""
     tip = f"{v.trial} {what}: {v.decision}, delta {s.delta:+.3f}" + (
         f", interval {s.delta - half:+.3f} .. {s.delta + half:+.3f} (phi {phi:.2f})" if half is not None else ""
     )
@@ -168,8 +178,11 @@ def verdicts_table(verdicts: list[VerdictRecord], trials: dict[str, TrialRecord]
         vf = [f for f in v.findings if f.validity]
         parts.append(
             f"<tr><td>{_e(v.trial)}<br><span class=muted>{_e(tr.source)}</span></td>"
-            f"<td><code>{_e(iv.kind)} {_e(iv.target)}: "
-            f"{_e(iv.before)} &rarr; {_e(iv.value)}</code></td><td>{_e(iv.hypothesis.finding)}: "
+            "<td>"
+            + " + ".join(
+                f"<code>{_e(p.kind)} {_e(p.target)}: {_e(p.before)} &rarr; {_e(p.value)}</code>" for p in _parts(iv)
+            )
+            + f"</td><td>{_e(iv.hypothesis.finding)}: "
             f"{_e(iv.hypothesis.signal)} {_e(iv.hypothesis.direction)}</td>"
             f'<td class="{_e(v.decision)}">{_e(v.decision)}</td>'
             f"<td>{statistic(s)}</td><td>{noise_line(v.noise)}</td>"

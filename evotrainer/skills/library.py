@@ -79,6 +79,8 @@ class Skill(BaseModel):
     """Skills written before values were kept: new / old, applied to the current value when reused. New skills keep
     the value (None here)."""
     hypothesis: Hypothesis
+    paired: Intervention | None = None
+    """A two-factor remedy's second change, as it set it (interventions.Intervention.paired)."""
     signature: list[str]
     domains: list[str]
     evidence: list[Evidence] = Field(default_factory=list)
@@ -122,12 +124,22 @@ class Skill(BaseModel):
             )
         elif self.kind == "set_knob" and knob_value(h, self.target) == value:
             raise ValueError(f"{self.target} is already {value!r}")
-        return Intervention(kind=self.kind, target=self.target, value=value, hypothesis=self.hypothesis)
+        return Intervention(
+            kind=self.kind, target=self.target, value=value, hypothesis=self.hypothesis, paired=self.paired
+        )
+
+
+def _unbound(iv: Intervention | None) -> Intervention | None:
+    """What an intervention sets, without what it replaced in the harness it was tried on."""
+    return (
+        None if iv is None else Intervention(kind=iv.kind, target=iv.target, value=iv.value, hypothesis=iv.hypothesis)
+    )
 
 
 def skill_id(iv: Intervention) -> str:
-    """The skill of an intervention: its kind, target and the value it set."""
-    key = json.dumps([iv.kind, iv.target, iv.value, None], sort_keys=True, default=str)
+    """The skill of an intervention: its kind, target and the value it set (and its pair's, for a two-factor one)."""
+    pair = None if iv.paired is None else [iv.paired.kind, iv.paired.target, iv.paired.value]
+    key = json.dumps([iv.kind, iv.target, iv.value, pair], sort_keys=True, default=str)
     return "k-" + hashlib.sha256(key.encode()).hexdigest()[:10]
 
 
@@ -186,6 +198,7 @@ class SkillLibrary:
                     target=iv.target,
                     value=iv.value,
                     hypothesis=iv.hypothesis,
+                    paired=_unbound(iv.paired),
                     signature=ev.signature,
                     domains=[ev.domain],
                     lineage={"run": ev.run, "round": ev.round, "trial": ev.trial, "source": source},

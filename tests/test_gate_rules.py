@@ -144,6 +144,12 @@ def test_against_the_start_each_of_the_finalist_s_confirmation_runs_must_pass():
     assert spread.phi > 5 * own.phi  # the third run widens the finalist's own noise...
     stat, reasons = gate.confirmed((*runs, low), (dead, dead), start, 1, spread, 0.95)
     assert "no_supported_gain" in reasons and stat.stage2.delta < 0  # ...and its own test fails
+    # A third run is never ignored: beside clean controls (the loop trains none there) it must pass as well.
+    ctl = outcomes(set(range(12)))
+    stat, reasons = gate.confirmed((*runs, low), (ctl, ctl), start, 1, spread, 0.95, exploits=(False, False))
+    assert "no_supported_gain" in reasons and stat.second_stage is not None and stat.against is None
+    _, reasons = gate.confirmed((*runs, high), (ctl, ctl), start, 1, own, 0.95, exploits=(False, False))
+    assert reasons == []
 
 
 def test_an_exploit_appearing_in_a_control_run_mid_trial_is_not_the_comparator():

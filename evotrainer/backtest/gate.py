@@ -191,21 +191,22 @@ def confirmed(
     trains the policy below where it started is no remedy. Against that one fixed read the finalist needs a second
     confirmation run (`cand[2]`, on seeds of its own) and must pass with each: two runs of a harness that spreads
     the policy cannot show the spread when both land high (reason `no_second_confirmation` without it). The record
-    is the weaker test's, with the other confirmation as `second_stage`."""
+    is the weaker test's, with the other confirmation as `second_stage`. A third run given where no control run
+    exploits counts the same way: the finalist passes with every run it has."""
     base, against_start = comparators(control, exploits, start)
     tests = [two_stage(Pair.of(cand[0], base[0]), Pair.of(run, base[1]), k, noise, level) for run in cand[1:]]
-    if not against_start:
+    if len(tests) == 1 and not against_start:
         return tests[0]
+    # A third run passes or fails with the others wherever it exists (the loop trains one only against the start).
     (stat, reasons), *other = sorted(tests, key=lambda t: -t[0].p)
-    stat = stat.model_copy(
-        update={
+    update = {"second_stage": other[0][0].stage2 if other else None}
+    if against_start:
+        update |= {
             "against": "the round's starting policy: a control run carries an exploit",
             "start_accuracy": sum(start.values()) / max(1, len(start)),
-            "second_stage": other[0][0].stage2 if other else None,
         }
-    )
     reasons = sorted({*reasons, *(r for _, rs in other for r in rs)})
-    return stat, reasons + ([] if other else ["no_second_confirmation"])
+    return stat.model_copy(update=update), reasons + ([] if other or not against_start else ["no_second_confirmation"])
 
 
 def single_stage(pairs: list[Pair], noise: Noise, level: float) -> list[tuple[SignHolm, list[str]]]:

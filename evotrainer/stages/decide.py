@@ -26,6 +26,7 @@ from evotrainer.ids import EVAL, branch_id, rollout_id, trial_id
 from evotrainer.skills.library import Evidence, model_name
 from evotrainer.stages.context import RunContext, StageRecords, arm_charge
 from evotrainer.stages.noise import BankedPair, NoiseBank, bank_noise, with_pairs
+from evotrainer.stages.race import exploiting_controls
 from evotrainer.stages.results import (
     GateResult,
     Mainline,
@@ -69,7 +70,7 @@ def gate_stage(
     # The alternative to a promotion: the control, unless a control run (the control or its replicate) carries
     # an exploit, however late in the trial it appeared; then the policy the arms forked from, which the control
     # read before its first step (gate.comparators).
-    exploits = _exploits(rnd, tried, evidence)
+    exploits = exploiting_controls(tried.arms, lambda a: evidence(a).findings)
     start = control.checkpoint_outcomes.get("0") if any(exploits) else None
     against = (
         control
@@ -288,12 +289,6 @@ def _test(
     # The confirmation's runs are the candidate too: an exploit they pick up counts against it.
     reasons += sorted({f"validity:{f.name}" for a in runs for f in evidence(a).findings if f.validity})
     return stat, reasons
-
-
-def _exploits(rnd: int, tried: TrialResult, evidence) -> tuple[bool, bool]:
-    """Whether the control and the control replicate (when there is one) carry an exploit in their own windows."""
-    runs = [tried.arm(branch_id(rnd, role)) for role in ("control", "control_replicate")]
-    return tuple(a is not None and bool(gate.invalid_reasons(evidence(a).findings)) for a in runs)
 
 
 def _evidence(ctx: RunContext, suite: Suite, arm: ArmResult, shared: Harness) -> gate.ArmEvidence:

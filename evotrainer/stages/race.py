@@ -8,9 +8,12 @@ arms that end discarded within loop.max_trial_share, paced over the run (loop.tr
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from evotrainer.backtest import gate
 from evotrainer.backtest.statistics import Pair
 from evotrainer.backtest.trial import ArmResult, ArmSpec
+from evotrainer.diagnostics.detector import Finding
 from evotrainer.diagnostics.suite import Suite
 from evotrainer.ids import branch_id
 from evotrainer.stages.context import RunContext, StageRecords, arm_charge
@@ -175,11 +178,18 @@ def _second_replicate_due(ctx: RunContext, suite: Suite, arms: list[ArmResult], 
     return over_budget(ctx.cfg, ctx.ledger.spent(), Charge(full * (len(arms) + 1))) is None
 
 
+def exploiting_controls(arms: list[ArmResult], findings: Callable[[ArmResult], list[Finding]]) -> tuple[bool, bool]:
+    """Whether the control and the control replicate (where there is one) carry an exploit in their own windows,
+    read as the gate reads it: gate.invalid_reasons over the round's suite's `findings` of each run's window. The
+    trial stage asks it to decide the finalist's third run, the gate stage to choose what the finalist must beat."""
+    runs = [next((a for a in arms if a.role == role), None) for role in ("control", "control_replicate")]
+    return tuple(a is not None and bool(gate.invalid_reasons(findings(a))) for a in runs)  # type: ignore[return-value]
+
+
 def control_exploits(store: RolloutStore, suite: Suite, arms: list[ArmResult]) -> bool:
-    """Whether the control or its replicate carries an exploit in its own window, read as the gate reads it
-    (gate.invalid_reasons over the suite's findings; the gate stage stores them)."""
-    controls = [a for a in arms if a.role in ("control", "control_replicate")]
-    return any(gate.invalid_reasons(suite.run(store, a.branch, a.first_step, a.last_step)) for a in controls)
+    """Whether the control or its replicate carries an exploit, by the suite run over each window (the gate stage
+    runs it again and stores the findings)."""
+    return any(exploiting_controls(arms, lambda a: suite.run(store, a.branch, a.first_step, a.last_step)))
 
 
 def _finalist(

@@ -94,17 +94,19 @@ def schema(domain: str) -> tuple[list[tuple], list[tuple[tuple, FieldInfo]]]:
     levels: list[tuple] = []
     fields: list[tuple[tuple, FieldInfo]] = []
 
-    def walk(model: type[BaseModel], prefix: tuple) -> None:
+    def walk(model: type[BaseModel], prefix: tuple, above: tuple = ()) -> None:
         levels.append(prefix)
+        above = (*above, model)
         for name, info in model.model_fields.items():
             path = prefix + (name,)
             fields.append((path, info))
             if path == ("env",):
-                walk(domain_config(domain), path)
+                walk(domain_config(domain), path, above)
             elif typing.get_origin(info.annotation) is list and _model(typing.get_args(info.annotation)[0]):
-                walk(_model(typing.get_args(info.annotation)[0]), path + (0,))
-            elif sub := _model(info.annotation):
-                walk(sub, path)
+                walk(_model(typing.get_args(info.annotation)[0]), path + (0,), above)
+            elif (sub := _model(info.annotation)) and sub not in above:
+                # A model that holds itself (an intervention's `paired`) is walked once: its fields are those above.
+                walk(sub, path, above)
 
     walk(RunConfig, ())
     return levels, fields

@@ -103,9 +103,22 @@ class Intervention(BaseModel):
     def _one_pair(self) -> Intervention:
         if self.paired is not None and (self.paired.paired is not None or self.paired.target == self.target):
             raise ValueError(
-                f"paired: {self.describe()} may pair with one change of another knob, not {self.paired.describe()}"
+                f"paired: {self.describe()} may pair with one change of another knob, not {self.paired.describe()}; "
+                "give `paired` a single change of another knob, or drop it"
             )
         return self
+
+    @property
+    def parts(self) -> list[Intervention]:
+        """The changes it makes: itself, or a two-factor remedy's two."""
+        return [self] if self.paired is None else [self, self.paired]
+
+    def unbound(self) -> Intervention:
+        """What it sets (its pair's too), without what it replaced in the harness it was bound to."""
+        pair = None if self.paired is None else self.paired.unbound()
+        return Intervention(
+            kind=self.kind, target=self.target, value=self.value, hypothesis=self.hypothesis, paired=pair
+        )
 
     @property
     def replayable(self) -> bool:

@@ -6,6 +6,7 @@ never do (check_isolation raises if they would)."""
 from __future__ import annotations
 
 import json
+from functools import cache
 from typing import Any
 
 from evotrainer.backtest.verdict import read_trials, read_verdicts
@@ -56,6 +57,11 @@ def evidence(store: RolloutStore, ids: list[str]) -> dict[str, dict[str, Any]]:
 def history(ledger: Ledger) -> list[PastTrial]:
     verdicts = {v.trial: v for v in read_verdicts(ledger)}
     branches = {b["id"]: b for b in ledger.branches()}
+
+    @cache
+    def control_findings(rnd: int) -> set[str]:  # a round's candidates share its control: one read a round
+        return {f["name"] for f in (ledger.stage_result(rnd, "gate") or {}).get("control_findings", [])}
+
     out = []
     for t in read_trials(ledger):
         v = verdicts.get(t.id)
@@ -70,16 +76,14 @@ def history(ledger: Ledger) -> list[PastTrial]:
                 v.statistic.delta if v else None,
                 harness=ctrl.get("harness_version", ""),
                 step=cand.get("first_step", 0),
-                new_findings=_new_findings(ledger, t.round, v.findings) if v else (),
+                new_findings=_new_findings(v.findings, control_findings(t.round)) if v else (),
             )
         )
     return out
 
 
-def _new_findings(ledger: Ledger, rnd: int, findings: list[Finding]) -> tuple[Finding, ...]:
+def _new_findings(findings: list[Finding], control: set[str]) -> tuple[Finding, ...]:
     """The candidate window's warning and critical findings that the round's control window did not carry."""
-    gated = ledger.stage_result(rnd, "gate") or {}
-    control = {f["name"] for f in gated.get("control_findings", [])}
     return tuple(f for f in findings if f.severity != "info" and f.name not in control)
 
 

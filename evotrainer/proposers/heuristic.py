@@ -445,8 +445,8 @@ class HeuristicProposer:
                 )
         # A change rejected alone while its window newly carried a finding that names another knob, tried with that
         # knob moved (pairs.py): the most specific evidence a round has, so the latest goes before the catalog.
-        paired = [Proposal(iv, "pair", note=iv.hypothesis.rationale) for iv in pairs(brief, candidates_for)]
-        ranked += paired[:1]
+        two_factor = [Proposal(iv, "pair", note=iv.hypothesis.rationale) for iv in pairs(brief, candidates_for)]
+        ranked += two_factor[:1]
         order = {"critical": 0, "warning": 1, "info": 2}
         # Among equally severe findings, one whose first remedy regrades a reward term names the exploit's
         # channel (tests edited, examples hard-coded) and closes it; the generic validity findings that fire
@@ -464,7 +464,7 @@ class HeuristicProposer:
         per_finding = [c for _, c in per]
         for i in range(max((len(c) for c in per_finding), default=0)):
             ranked += [Proposal(c[i], "catalog") for c in per_finding if i < len(c)]
-        ranked += paired[1:]
+        ranked += two_factor[1:]
         # A move rejected under this signature since the mainline last moved is screened out (proposer.py:
         # standing), so the next rung of the same knob comes up in its place.
         exploratory = [Proposal(iv, "explore") for iv in explore(h, brief.findings)]

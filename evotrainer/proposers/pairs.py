@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from evotrainer.diagnostics.detector import Finding
 from evotrainer.harness.harness import Harness
-from evotrainer.harness.interventions import Hypothesis, Intervention
+from evotrainer.harness.interventions import Intervention
 from evotrainer.proposers.proposer import Brief, PastTrial, intervention_key
 
 Remedies = Callable[[Finding, Harness], list[Intervention]]
@@ -32,7 +32,7 @@ def pairs(brief: Brief, remedies: Remedies) -> list[Intervention]:
             continue
         for f in t.new_findings:
             second = next(
-                (r for r in remedies(f, h) if r.target != iv.target and r.target in f.knobs and r.paired is None),
+                (r for r in remedies(f, h) if r.target != iv.target and r.target in f.knobs),
                 None,
             )
             if second is not None:
@@ -51,6 +51,6 @@ def _pair(t: PastTrial, f: Finding, second: Intervention) -> Intervention:
         kind=iv.kind,
         target=iv.target,
         value=iv.value,
-        hypothesis=Hypothesis(finding=hyp.finding, signal=hyp.signal, direction=hyp.direction, rationale=why),
-        paired=Intervention(kind=second.kind, target=second.target, value=second.value, hypothesis=second.hypothesis),
+        hypothesis=hyp.model_copy(update={"rationale": why}),
+        paired=second.unbound(),
     )

@@ -63,11 +63,6 @@ def _counts(s: Statistic) -> tuple[int, int, int] | None:
     return None
 
 
-def _parts(iv: Intervention) -> list[Intervention]:
-    """An intervention's changes: one, or a two-factor remedy's two."""
-    return [iv] if iv.paired is None else [iv, iv.paired]
-
-
 def _short(iv: Intervention) -> str:
     return f"{iv.target.split('.')[-1]} {iv.before} → {iv.value}"
 
@@ -78,7 +73,7 @@ def effect(v: VerdictRecord, tr: TrialRecord | None) -> Effect:
     dof = s.dof if isinstance(s, NoiseTest) else v.noise.dof
     c = _counts(s)
     half = half_width(*c, phi, dof, s.level) if c else None
-    what = " + ".join(_short(iv) for iv in _parts(tr.intervention)) if tr else ""
+    what = " + ".join(_short(iv) for iv in tr.intervention.parts) if tr else ""
     tip = f"{v.trial} {what}: {v.decision}, delta {s.delta:+.3f}" + (
         f", interval {s.delta - half:+.3f} .. {s.delta + half:+.3f} (phi {phi:.2f})" if half is not None else ""
     )
@@ -180,7 +175,7 @@ def verdicts_table(verdicts: list[VerdictRecord], trials: dict[str, TrialRecord]
             f"<tr><td>{_e(v.trial)}<br><span class=muted>{_e(tr.source)}</span></td>"
             "<td>"
             + " + ".join(
-                f"<code>{_e(p.kind)} {_e(p.target)}: {_e(p.before)} &rarr; {_e(p.value)}</code>" for p in _parts(iv)
+                f"<code>{_e(p.kind)} {_e(p.target)}: {_e(p.before)} &rarr; {_e(p.value)}</code>" for p in iv.parts
             )
             + f"</td><td>{_e(iv.hypothesis.finding)}: "
             f"{_e(iv.hypothesis.signal)} {_e(iv.hypothesis.direction)}</td>"

@@ -129,13 +129,6 @@ class Skill(BaseModel):
         )
 
 
-def _unbound(iv: Intervention | None) -> Intervention | None:
-    """What an intervention sets, without what it replaced in the harness it was tried on."""
-    return (
-        None if iv is None else Intervention(kind=iv.kind, target=iv.target, value=iv.value, hypothesis=iv.hypothesis)
-    )
-
-
 def skill_id(iv: Intervention) -> str:
     """The skill of an intervention: its kind, target and the value it set (and its pair's, for a two-factor one)."""
     pair = None if iv.paired is None else [iv.paired.kind, iv.paired.target, iv.paired.value]
@@ -198,7 +191,7 @@ class SkillLibrary:
                     target=iv.target,
                     value=iv.value,
                     hypothesis=iv.hypothesis,
-                    paired=_unbound(iv.paired),
+                    paired=None if iv.paired is None else iv.paired.unbound(),
                     signature=ev.signature,
                     domains=[ev.domain],
                     lineage={"run": ev.run, "round": ev.round, "trial": ev.trial, "source": source},

@@ -182,8 +182,12 @@ def exploiting_controls(arms: list[ArmResult], findings: Callable[[ArmResult], l
     """Whether the control and the control replicate (where there is one) carry an exploit in their own windows,
     read as the gate reads it: gate.invalid_reasons over the round's suite's `findings` of each run's window. The
     trial stage asks it to decide the finalist's third run, the gate stage to choose what the finalist must beat."""
-    runs = [next((a for a in arms if a.role == role), None) for role in ("control", "control_replicate")]
-    return tuple(a is not None and bool(gate.invalid_reasons(findings(a))) for a in runs)  # type: ignore[return-value]
+
+    def exploits(role: str) -> bool:
+        run = next((a for a in arms if a.role == role), None)
+        return run is not None and bool(gate.invalid_reasons(findings(run)))
+
+    return exploits("control"), exploits("control_replicate")
 
 
 def control_exploits(store: RolloutStore, suite: Suite, arms: list[ArmResult]) -> bool:

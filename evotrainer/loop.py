@@ -108,15 +108,15 @@ def run_round(ctx: RunContext, tell: Narrator, rnd: int, head: Mainline) -> tupl
     """One round; returns the mainline it ends on and, when the run must stop here, why."""
     harness, suite = head.harness, head.suite
     tell.round(rnd, head)
-    # -- 1. train the mainline for a segment -----------------------------------------------------------------
+    # -- 1. train the mainline for a segment (none where it stands on one that carried an exploit: that one again) --
     seg = stage(ctx, rnd, "train", ArmResult, lambda: evidence.train(ctx, rnd, head))
     tell.train(seg)
     # -- 2. diagnose: the suite over the segment, plus what the gate saw on the mainline's last arm ---------------
-    own = stage(ctx, rnd, "diagnose", DiagnoseResult, lambda: evidence.diagnose(ctx, suite, seg)).findings
+    own = stage(ctx, rnd, "diagnose", DiagnoseResult, lambda: evidence.diagnose(ctx, rnd, suite, seg)).findings
     findings = evidence.dedupe(own + head.carry)
     tell.diagnose(findings)
     # -- 3. revise the suite: recalibrate, induce; a revision that flips a past verdict is refused ---------------
-    revised = stage(ctx, rnd, "revise", ReviseResult, lambda: evidence.revise_suite(ctx, suite, seg))
+    revised = stage(ctx, rnd, "revise", ReviseResult, lambda: evidence.revise_suite(ctx, rnd, suite, seg))
     suite, own, findings = revised.suite, own + revised.findings, evidence.dedupe(findings + revised.findings)
     tell.revise(revised)
     # -- 4. propose single-factor interventions from the findings and the skill library ------------------------
@@ -143,10 +143,10 @@ def run_round(ctx: RunContext, tell: Narrator, rnd: int, head: Mainline) -> tupl
     tried = stage(ctx, rnd, "trial", TrialResult, lambda: race.trial(ctx, rnd, head, seg, survivors, taint, suite))
     tell.trial(tried, head.branch, taint)
     if tried.abandoned:  # the mainline keeps the segment unless it is tainted (an exploit is never built on: it
-        # stays where the round started, next on other seeds); while tokens are left, the next round's segment
-        # trains on them, else the run ends here
-        end = head.retried() if taint else head.at(seg.branch, seg.checkpoint, seg.last_step)
-        go_on = tried.cap == "generated_tokens" and tokens_left(ctx)
+        # stays where the round started); while tokens are left, the next round's segment trains on them, else the
+        # run ends here. A tainted one ends it: the next round would read the same segment to the same decision.
+        end = head.retried(seg) if taint else head.at(seg.branch, seg.checkpoint, seg.last_step)
+        go_on = not taint and tried.cap == "generated_tokens" and tokens_left(ctx)
         return end, Stop() if go_on else Stop(reason=tried.abandoned or "", cap=tried.cap)
     # -- 7. gate: a paired win beyond the A-A noise, no validity finding against it -------------------------------
     gated = stage(
@@ -171,9 +171,12 @@ def run_round(ctx: RunContext, tell: Narrator, rnd: int, head: Mainline) -> tupl
         lambda: decide.remember(ctx, rnd, head.harness.version, gated, survivors, proposed.signature),
     )
     tell.remember(remembered)
+    end = promoted.head
+    if taint and end.checkpoint == head.checkpoint:  # rolled back: the next round's remedy reads this segment again
+        end = end.model_copy(update={"exploited": seg})
     if promoted.rejected and not survivors:
-        return promoted.head, Stop(
+        return end, Stop(
             reason=f"the control carries an exploit ({', '.join(promoted.rejected.reasons)}) and no remedy is left"
             " to try"
         )
-    return promoted.head, Stop()
+    return end, Stop()

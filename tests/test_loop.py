@@ -13,11 +13,13 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from conftest import small_config
+from evotrainer.diagnostics.detector import Finding, Window, finding
+from evotrainer.diagnostics.suite import DetectorSpec, Suite
 from evotrainer.envs.registry import make_domain
 from evotrainer.errors import ConfigError
 from evotrainer.evaluation import evaluate, evaluator_hash
 from evotrainer.ids import EVAL, TRAIN, branch_id, parse_shard, rollout_id, shard_id
-from evotrainer.loop import run_loop
+from evotrainer.loop import run_loop, run_round
 from evotrainer.policies.hf import HFPolicy
 from evotrainer.stages.context import split_heldout
 from evotrainer.stages.results import read_stage
@@ -65,7 +67,7 @@ def test_a_round_runs_every_stage_and_records_it(loop_run):
     # instead when the segment carries a validity finding), each on its own seeds; a loser stopped early;
     # a finalist was confirmed beside a control replicate.
     for rnd in (1, 2):
-        seg = branches[branch_id(rnd, "segment")]
+        seg = branches[read_stage(ledger, rnd, "train").branch]  # round 1's again where it carried an exploit
         tainted = any(f.validity for st in ("diagnose", "revise") for f in read_stage(ledger, rnd, st).findings)
         arms = [b for b in branches.values() if b["round"] == rnd and b["kind"] != "segment"]
         assert {b["kind"] for b in arms} >= {"control"}
@@ -360,9 +362,10 @@ def test_a_planted_intervention_is_raced_first_under_the_same_screen_and_gate(tm
 def test_a_run_that_stops_after_a_tainted_segment_ends_where_the_round_started(tmp_path, math_setup, format_weight):
     """The budget holds two segments or more but no trial arm. With `format` paid as much as a right answer, every
     well-formed wrong answer is rewarded: about half the rewarded rollouts fail the audit from the first
-    step (reward_audit_gap, a validity finding; 0.49 here against its 0.1), each segment is tainted and the
-    run ends on the policy it started from, not on a segment. With the usual small format weight nothing
-    taints them and the run ends on the last segment."""
+    step (reward_audit_gap, a validity finding; 0.49 here against its 0.1), the segment is tainted and the
+    run ends on the policy it started from, not on a segment, and at once: another segment would train the same
+    exploit to be thrown away. With the usual small format weight nothing taints them and the run ends on the
+    last segment."""
     cfg = loop_config(
         tmp_path,
         harness={"reward_weights": {"correct": 1.0, "format": format_weight}},
@@ -371,21 +374,73 @@ def test_a_run_that_stops_after_a_tainted_segment_ends_where_the_round_started(t
     )
     summary = run_loop(cfg, quiet())
     ledger = Ledger(tmp_path / "runs" / "t" / "ledger.sqlite")
-    assert read_stage(ledger, 1, "trial").abandoned and "would be exceeded" in summary["stop_reason"]
+    tried = read_stage(ledger, 1, "trial")
+    assert tried.abandoned and summary["stop_reason"] == tried.abandoned
     last = max(r["round"] for r in ledger.rows("SELECT round FROM stages WHERE stage = 'train'"))
     tainted = [[f.name for f in read_stage(ledger, r, "diagnose").findings if f.validity] for r in range(1, last + 1)]
     final = read_stage(ledger, 0, "final")
     if format_weight == 1.0:
-        assert last >= 2 and all("reward_audit_gap" in t for t in tainted)
+        assert last == 1 and "reward_audit_gap" in tainted[0] and summary["rounds"] == 1
+        assert "a control alone would train it again" in tried.abandoned
         assert final.head.branch == "base" and summary["final_accuracy"] == summary["baseline_accuracy"]
-        # The second segment started where the first did, on other seeds (it is not the first one again).
-        segs = {b["id"]: b for b in ledger.branches()}
-        one, two = segs[branch_id(1, "segment")], segs[branch_id(2, "segment")]
-        assert (one["parent"], one["first_step"]) == (two["parent"], two["first_step"]) and one["seed"] != two["seed"]
+        assert final.head.exploited.branch == branch_id(1, "segment")
     elif not tainted[-1]:  # the small weight pays no wrong answer: the run ends on its last segment
+        assert "would be exceeded" in tried.abandoned
         assert final.head.branch == branch_id(last, "segment")
     else:  # (not seen: a small-weight segment tainted by something else still is not ended on)
         assert final.head.branch != branch_id(last, "segment")
+
+
+def exploit_everywhere(w: Window) -> list[Finding]:
+    """A planted validity detector (a plugin, as a user writes one): an exploit on every window."""
+    return [finding(w, "planted_exploit", "critical", 1.0, 0.0, [], ("reward_weights.format",), "planted", True)]
+
+
+def test_a_round_after_a_tainted_one_tries_its_remedy_on_that_segment_and_trains_none(tmp_path, math_setup):
+    """Round 1's segment carries an exploit (a planted detector finds one on every window), so the mainline stays
+    where it started, and the planted learning rate, which carries it too, is rejected. Round 2 trains no segment
+    (it would be the same exploit on other seeds, thrown away again): it reads round 1's to the same findings,
+    charges nothing for it, and spends its tokens on its own remedy, forked from the same checkpoint on seeds of its
+    own. (A round that can try no remedy there stops the run: test_a_run_that_stops_after_a_tainted_segment...)"""
+    from evotrainer.report.console import Narrator
+    from evotrainer.stages import start
+    from evotrainer.stages.context import run_stage
+    from evotrainer.stages.results import StartResult
+
+    moves = [
+        {
+            "kind": "set_knob",
+            "target": "optimizer.learning_rate",
+            "value": v,
+            "hypothesis": {"finding": "explore", "signal": "heldout/accuracy", "direction": "up"},
+        }
+        for v in (1e-3, 3e-3)
+    ]
+    cfg = loop_config(tmp_path, loop={"max_rounds": 2, "candidates": 1, "planted": moves})
+    ctx = start.open_run(cfg, resume=False)
+    head = run_stage(ctx, 0, "start", StartResult, lambda: start.start(ctx, lambda *_: None)).head
+    planted = {"planted_exploit": DetectorSpec(path=f"{__name__}:exploit_everywhere")}
+    head = head.model_copy(update={"suite": Suite(detectors={**head.suite.detectors, **planted})})
+    tell = Narrator(quiet())
+    one, _ = run_round(ctx, tell, 1, head)
+    assert one.branch == "base" and one.exploited.branch == branch_id(1, "segment")
+    two, _ = run_round(ctx, tell, 2, one)
+    ledger = ctx.ledger
+    assert read_stage(ledger, 2, "train") == read_stage(ledger, 1, "train")
+    branches = {b["id"]: b for b in ledger.branches()}
+    assert branch_id(2, "segment") not in branches
+    assert not ledger.rows("SELECT item FROM charges WHERE round = 2 AND stage = 'train' AND item != 'stage'")
+
+    def found(rnd: int) -> list[str]:
+        return sorted(f.name for f in read_stage(ledger, rnd, "diagnose").findings)
+
+    assert "planted_exploit" in found(1) and found(2) == found(1)
+    raced = [[t["intervention"]["value"] for t in ledger.trials() if t["round"] == r] for r in (1, 2)]
+    assert raced == [[1e-3], [3e-3]]
+    arms = [[b for b in branches.values() if b["round"] == r and b["kind"] != "segment"] for r in (1, 2)]
+    assert {(b["parent"], b["first_step"]) for b in arms[0] + arms[1]} == {("base", 1)}
+    assert not {b["seed"] for b in arms[0]} & {b["seed"] for b in arms[1]}
+    ledger.close()
 
 
 def test_beside_a_tainted_segment_the_control_first_reads_the_policy_the_round_started_from(tmp_path, math_setup):

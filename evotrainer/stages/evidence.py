@@ -18,7 +18,12 @@ from evotrainer.store.ledger import Ledger
 def train(ctx: RunContext, rnd: int, head: Mainline) -> tuple[ArmResult, StageRecords]:
     """The mainline trains `loop.segment_steps` steps under its harness: the round's segment. Under a token
     budget it stops at the step that reaches the budget, as a static run would: the loop spends what a static
-    harness spends, no more and no less."""
+    harness spends, no more and no less. Where the mainline stands on a segment that carried an exploit
+    (Mainline.exploited), that segment is the round's again and nothing trains: another segment under the same
+    harness from the same checkpoint would be the same exploit on other seeds, thrown away once more, and the
+    tokens are the remedies'."""
+    if head.exploited is not None:
+        return head.exploited, StageRecords()
     cfg = ctx.cfg
     seg = branch_id(rnd, "segment")
     spec = ctx.spec(
@@ -40,16 +45,33 @@ def train(ctx: RunContext, rnd: int, head: Mainline) -> tuple[ArmResult, StageRe
     )
 
 
-def diagnose(ctx: RunContext, suite: Suite, seg: ArmResult) -> tuple[DiagnoseResult, StageRecords]:
-    """The suite over the segment's window; the findings are stored (they are evidence)."""
+def diagnose(ctx: RunContext, rnd: int, suite: Suite, seg: ArmResult) -> tuple[DiagnoseResult, StageRecords]:
+    """The suite over the segment's window; the findings are stored (they are evidence), once a suite version
+    where an earlier round's segment is read again."""
     found = suite.run(ctx.store, seg.branch, seg.first_step, seg.last_step)
-    ctx.store.append_findings(
-        found, suite.version, shard_id(seg.branch, seg.last_step, DIAGNOSIS), seg.branch, seg.first_step, seg.last_step
-    )
+    shard = _shard(rnd, seg, DIAGNOSIS)
+    if shard != shard_id(seg.branch, seg.last_step, DIAGNOSIS) and _diagnosed(ctx, suite, seg):
+        return DiagnoseResult(findings=found), StageRecords()
+    ctx.store.append_findings(found, suite.version, shard, seg.branch, seg.first_step, seg.last_step)
     return DiagnoseResult(findings=found), StageRecords()
 
 
-def revise_suite(ctx: RunContext, suite: Suite, seg: ArmResult) -> tuple[ReviseResult, StageRecords]:
+def _shard(rnd: int, seg: ArmResult, kind: str) -> str:
+    """The store file of a diagnosis of the round's segment; of an earlier round's segment read again
+    (Mainline.exploited), one of this round's own, so no earlier diagnosis of the window is replaced."""
+    shard = shard_id(seg.branch, seg.last_step, kind)
+    return shard if seg.branch == branch_id(rnd, "segment") else f"{shard}-r{rnd:02d}"
+
+
+def _diagnosed(ctx: RunContext, suite: Suite, seg: ArmResult) -> bool:
+    rows = ctx.store.sql(
+        "SELECT count(*) AS n FROM diagnoses WHERE suite_version = ? AND branch = ? AND last_step = ?",
+        [suite.version, seg.branch, seg.last_step],
+    )
+    return bool(rows[0]["n"])
+
+
+def revise_suite(ctx: RunContext, rnd: int, suite: Suite, seg: ArmResult) -> tuple[ReviseResult, StageRecords]:
     """Recalibrate thresholds and induce a detector where reward and audit disagree; a revision that
     would flip a past verdict is refused and recorded. The revised suite's new findings on the segment
     join this round's."""
@@ -66,7 +88,7 @@ def revise_suite(ctx: RunContext, suite: Suite, seg: ArmResult) -> tuple[ReviseR
         ctx.store.append_findings(
             extra,
             new.version,
-            shard_id(seg.branch, seg.last_step, REVISION),
+            _shard(rnd, seg, REVISION),
             seg.branch,
             seg.first_step,
             seg.last_step,

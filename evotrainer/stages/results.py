@@ -28,7 +28,7 @@ class Mainline(Record):
     """Where training continues from: a branch's checkpoint, its harness and suite, and what the next
     round needs to know (the measured noise, whether an A-A control is due, findings carried in)."""
 
-    OMIT_NONE: ClassVar[tuple[str, ...]] = ("raced", "promoted_at")
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("raced", "promoted_at", "exploited")
 
     branch: str
     checkpoint: str
@@ -46,6 +46,10 @@ class Mainline(Record):
     attempt: int = 0
     """How many times the mainline rolled back to this checkpoint: the next round trains on other seeds,
     so a rollback buys information instead of replaying the same segment to the same verdicts."""
+    exploited: ArmResult | None = None
+    """The segment this checkpoint trained under this harness, which carried an exploit (a validity finding) and
+    was thrown away: the next round diagnoses it again instead of training the exploit a second time, and so goes
+    straight to its next remedy (None: no such segment, or the mainline has moved)."""
 
     def seed(self, base: int) -> int:
         """The seed the round's segment and arms derive theirs from."""
@@ -53,11 +57,13 @@ class Mainline(Record):
 
     def at(self, branch: str, checkpoint: str, step: int) -> Mainline:
         """The mainline moved to another checkpoint (a fresh start: no rollback to it yet)."""
-        return self.model_copy(update={"branch": branch, "checkpoint": checkpoint, "step": step, "attempt": 0})
+        update = {"branch": branch, "checkpoint": checkpoint, "step": step, "attempt": 0, "exploited": None}
+        return self.model_copy(update=update)
 
-    def retried(self) -> Mainline:
-        """The mainline where it was, after its round's training was thrown away: the next tries other seeds."""
-        return self.model_copy(update={"attempt": self.attempt + 1})
+    def retried(self, exploited: ArmResult | None = None) -> Mainline:
+        """The mainline where it was, after its round's training was thrown away: the next tries other seeds.
+        `exploited`: the round's segment, when its own window carried the exploit that threw it away."""
+        return self.model_copy(update={"attempt": self.attempt + 1, "exploited": exploited or self.exploited})
 
 
 class BranchRecord(Record):

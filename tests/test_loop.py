@@ -463,6 +463,18 @@ def test_beside_a_tainted_segment_the_control_first_reads_the_policy_the_round_s
     assert any(f.validity for f in read_stage(ledger, 1, "diagnose").findings)
     control = read_stage(ledger, 1, "trial").arm(branch_id(1, "control"))
     assert control.first_step == 1  # forked from the base, not from the segment
+    # ... on seeds of its own: on the segment's it would replay the segment step for step.
+    seeds = {b["id"]: b["seed"] for b in ledger.branches()}
+    assert seeds[control.branch] != seeds[branch_id(1, "segment")]
+    store = RolloutStore(tmp_path / "runs" / "t" / "store")
+    drawn = {
+        arm: [
+            r["task_id"]
+            for r in store.sql(f"SELECT task_id FROM rollouts WHERE branch = '{arm}' AND step = 1 ORDER BY id")
+        ]
+        for arm in (control.branch, branch_id(1, "segment"))
+    }
+    assert drawn[control.branch] and drawn[control.branch] != drawn[branch_id(1, "segment")]
     domain = make_domain(cfg)
     gate_ids = split_heldout([t.id for t in domain.tasks("heldout")], cfg.gate.final_fraction, cfg.run.seed)[0]
     by_id = {t.id: t for t in domain.tasks("heldout")}

@@ -24,7 +24,10 @@ from evotrainer.stages.start import over_budget
 from evotrainer.store.ledger import Charge
 from evotrainer.store.rollouts import RolloutStore
 
-_SEED_SLOT = {"control": 0, "aa": 100, "control_replicate": 200}
+# The control's slot is the segment's seed: after the segment, the control continues it on later steps' draws. Beside
+# a tainted segment it forks from where the segment did, so on that seed it would replay it step for step (on
+# swe_short a 25k-token copy whose window could only repeat the segment's exploit): it draws its own there.
+_SEED_SLOT = {"control": 0, "aa": 100, "control_replicate": 200, "tainted_control": 500}
 _REPLICATE_SLOT = {"replicate": 300, "second_replicate": 400}
 
 
@@ -92,7 +95,7 @@ def trial(
     # The control reads the policy the arms fork from first, every round (one read): an exploit can appear in
     # a control run at any point of the trial, and the alternative a remedy must then beat is that policy, not
     # the exploit (gate.comparators); it is also what the regression guard reads the new head against.
-    spec = _specs(ctx, rnd, head, start, first, marks, target, start_read=True)
+    spec = _specs(ctx, rnd, head, start, first, marks, target, start_read=True, taint=bool(taint))
     specs = [spec("control", "control", head.harness)]
     [control] = _run(ctx, rnd, specs)
     harnesses = [s.proposal.intervention.apply(head.harness) for s in survivors[:k]]
@@ -147,10 +150,12 @@ def _specs(
     marks: tuple[int, ...],
     tokens: int,
     start_read: bool = False,
+    taint: bool = False,
 ):
     """A maker of this trial's arm specs: role, branch role, harness, candidate index, the control's
     checkpoint outcomes to race (candidates only). `tokens`: each arm's token target (0: steps);
-    `start_read`: the control also reads the policy it forks from (mark 0)."""
+    `start_read`: the control also reads the policy it forks from (mark 0); `taint`: the arms fork from where a
+    tainted segment did (the control then draws seeds of its own, _SEED_SLOT)."""
     cfg = ctx.cfg
     steps = cfg.loop.trial_steps * (4 if tokens else 1)  # with a token target, a cap on a cheap harness's steps
 
@@ -162,7 +167,9 @@ def _specs(
             harness,
             first,
             steps,
-            arm_seed(head.seed(cfg.run.seed), branch_role, k),
+            arm_seed(
+                head.seed(cfg.run.seed), "tainted_control" if taint and branch_role == "control" else branch_role, k
+            ),
             True,
         )
         racing = role in ("control", "candidate")  # only the race's arms are read at checkpoints

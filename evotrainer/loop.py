@@ -108,7 +108,7 @@ def run_round(ctx: RunContext, tell: Narrator, rnd: int, head: Mainline) -> tupl
     """One round; returns the mainline it ends on and, when the run must stop here, why."""
     harness, suite = head.harness, head.suite
     tell.round(rnd, head)
-    # -- 1. train the mainline for a segment (none where it stands on one that carried an exploit: that one again) --
+    # -- 1. train the mainline for a segment (where a segment's exploit recurred in its control, that one again) ----
     seg = stage(ctx, rnd, "train", ArmResult, lambda: evidence.train(ctx, rnd, head))
     tell.train(seg)
     # -- 2. diagnose: the suite over the segment, plus what the gate saw on the mainline's last arm ---------------
@@ -143,10 +143,10 @@ def run_round(ctx: RunContext, tell: Narrator, rnd: int, head: Mainline) -> tupl
     tried = stage(ctx, rnd, "trial", TrialResult, lambda: race.trial(ctx, rnd, head, seg, survivors, taint, suite))
     tell.trial(tried, head.branch, taint)
     if tried.abandoned:  # the mainline keeps the segment unless it is tainted (an exploit is never built on: it
-        # stays where the round started); while tokens are left, the next round's segment trains on them, else the
-        # run ends here. A tainted one ends it: the next round would read the same segment to the same decision.
-        end = head.retried(seg) if taint else head.at(seg.branch, seg.checkpoint, seg.last_step)
-        go_on = not taint and tried.cap == "generated_tokens" and tokens_left(ctx)
+        # stays where the round started, and the next round trains a segment of its own on other seeds); while
+        # tokens are left, the next round's segment trains on them, else the run ends here
+        end = head.retried() if taint else head.at(seg.branch, seg.checkpoint, seg.last_step)
+        go_on = tried.cap == "generated_tokens" and tokens_left(ctx)
         return end, Stop() if go_on else Stop(reason=tried.abandoned or "", cap=tried.cap)
     # -- 7. gate: a paired win beyond the A-A noise, no validity finding against it -------------------------------
     gated = stage(
@@ -172,7 +172,9 @@ def run_round(ctx: RunContext, tell: Narrator, rnd: int, head: Mainline) -> tupl
     )
     tell.remember(remembered)
     end = promoted.head
-    if taint and end.checkpoint == head.checkpoint:  # rolled back: the next round's remedy reads this segment again
+    if taint and gated.control_rejected and not promoted.promoted:
+        # The control, on seeds of its own, carried the segment's exploit again: the next round reads this segment
+        # rather than train a third copy of it (Mainline.exploited).
         end = end.model_copy(update={"exploited": seg})
     if promoted.rejected and not survivors:
         return end, Stop(

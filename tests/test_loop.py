@@ -362,10 +362,9 @@ def test_a_planted_intervention_is_raced_first_under_the_same_screen_and_gate(tm
 def test_a_run_that_stops_after_a_tainted_segment_ends_where_the_round_started(tmp_path, math_setup, format_weight):
     """The budget holds two segments or more but no trial arm. With `format` paid as much as a right answer, every
     well-formed wrong answer is rewarded: about half the rewarded rollouts fail the audit from the first
-    step (reward_audit_gap, a validity finding; 0.49 here against its 0.1), the segment is tainted and the
-    run ends on the policy it started from, not on a segment, and at once: another segment would train the same
-    exploit to be thrown away. With the usual small format weight nothing taints them and the run ends on the
-    last segment."""
+    step (reward_audit_gap, a validity finding; 0.49 here against its 0.1), each segment is tainted and the
+    run ends on the policy it started from, not on a segment. With the usual small format weight nothing
+    taints them and the run ends on the last segment."""
     cfg = loop_config(
         tmp_path,
         harness={"reward_weights": {"correct": 1.0, "format": format_weight}},
@@ -374,18 +373,18 @@ def test_a_run_that_stops_after_a_tainted_segment_ends_where_the_round_started(t
     )
     summary = run_loop(cfg, quiet())
     ledger = Ledger(tmp_path / "runs" / "t" / "ledger.sqlite")
-    tried = read_stage(ledger, 1, "trial")
-    assert tried.abandoned and summary["stop_reason"] == tried.abandoned
+    assert read_stage(ledger, 1, "trial").abandoned and "would be exceeded" in summary["stop_reason"]
     last = max(r["round"] for r in ledger.rows("SELECT round FROM stages WHERE stage = 'train'"))
     tainted = [[f.name for f in read_stage(ledger, r, "diagnose").findings if f.validity] for r in range(1, last + 1)]
     final = read_stage(ledger, 0, "final")
     if format_weight == 1.0:
-        assert last == 1 and "reward_audit_gap" in tainted[0] and summary["rounds"] == 1
-        assert "a control alone would train it again" in tried.abandoned
+        assert last >= 2 and all("reward_audit_gap" in t for t in tainted)
         assert final.head.branch == "base" and summary["final_accuracy"] == summary["baseline_accuracy"]
-        assert final.head.exploited.branch == branch_id(1, "segment")
+        # The second segment started where the first did, on other seeds (it is not the first one again).
+        segs = {b["id"]: b for b in ledger.branches()}
+        one, two = segs[branch_id(1, "segment")], segs[branch_id(2, "segment")]
+        assert (one["parent"], one["first_step"]) == (two["parent"], two["first_step"]) and one["seed"] != two["seed"]
     elif not tainted[-1]:  # the small weight pays no wrong answer: the run ends on its last segment
-        assert "would be exceeded" in tried.abandoned
         assert final.head.branch == branch_id(last, "segment")
     else:  # (not seen: a small-weight segment tainted by something else still is not ended on)
         assert final.head.branch != branch_id(last, "segment")
@@ -401,7 +400,7 @@ def test_a_round_after_a_tainted_one_tries_its_remedy_on_that_segment_and_trains
     where it started, and the planted learning rate, which carries it too, is rejected. Round 2 trains no segment
     (it would be the same exploit on other seeds, thrown away again): it reads round 1's to the same findings,
     charges nothing for it, and spends its tokens on its own remedy, forked from the same checkpoint on seeds of its
-    own. (A round that can try no remedy there stops the run: test_a_run_that_stops_after_a_tainted_segment...)"""
+    own."""
     from evotrainer.report.console import Narrator
     from evotrainer.stages import start
     from evotrainer.stages.context import run_stage

@@ -75,13 +75,7 @@ def trial(
         cfg.gate.aa_control == "round" or (cfg.gate.aa_control == "promotion" and head.aa_due)
     )
     full, confirms = per_step * steps, cfg.gate.statistic == "two_stage"
-    k, note = _affordable(ctx, kept, len(survivors), full, aa_due, confirms, paced=not taint)
-    if taint and not k:  # a control alone would train the exploit again, to be thrown away with it
-        exploit = ", ".join(taint)
-        why = f"{note}: no remedy fits" if survivors else "no remedy is left to try"
-        return TrialResult(
-            arms=[], abandoned=f"{why} against {exploit}, and a control alone would train it again"
-        ), StageRecords()
+    k, note = _affordable(ctx, kept, len(survivors), full, aa_due, confirms)
     aa_due = aa_due and k > 0
     n_arms = 1 + k + aa_due + (2 if k and confirms else 0)  # with the confirmation's two
     if cap := over_budget(cfg, ctx.ledger.spent(), Charge(per_step * steps * n_arms)):
@@ -124,19 +118,14 @@ def trial(
     )
 
 
-def _affordable(
-    ctx: RunContext, kept: set[str], n: int, full: int, aa_due: bool, confirms: bool, paced: bool
-) -> tuple[int, str]:
-    """How many of the round's `n` candidates race (race_size under the share, paced over the run's parts when
-    `paced`), and a note when fewer. Beside a tainted segment the whole share is open: pacing keeps trials for
-    the run's later parts, and a mainline that carries an exploit trains nothing until a remedy wins, so those
-    parts would never come."""
+def _affordable(ctx: RunContext, kept: set[str], n: int, full: int, aa_due: bool, confirms: bool) -> tuple[int, str]:
+    """How many of the round's `n` candidates race (race_size under the paced share), and a note when fewer."""
     racing = bool(ctx.cfg.loop.race_checkpoints)
-    k = race_size(n, full, racing, aa_due, confirms, _fits(ctx, kept, paced=paced))
+    k = race_size(n, full, racing, aa_due, confirms, _fits(ctx, kept, paced=True))
     if k == n:
         return k, ""
     note = f"{k} of {n} candidate(s) within loop.max_trial_share"
-    if paced and k < (whole := race_size(n, full, racing, aa_due, confirms, _fits(ctx, kept, paced=False))):
+    if k < (whole := race_size(n, full, racing, aa_due, confirms, _fits(ctx, kept, paced=False))):
         note += f" as paced by loop.trial_phases={ctx.cfg.loop.trial_phases} ({whole} within the whole share)"
     return k, note
 

@@ -47,9 +47,10 @@ class Mainline(Record):
     """How many times the mainline rolled back to this checkpoint: the next round trains on other seeds,
     so a rollback buys information instead of replaying the same segment to the same verdicts."""
     exploited: ArmResult | None = None
-    """The segment this checkpoint trained under this harness, which carried an exploit (a validity finding) and
-    was thrown away: the next round diagnoses it again instead of training the exploit a second time, and so goes
-    straight to its next remedy (None: no such segment, or the mainline has moved)."""
+    """The segment this checkpoint trained under this harness, which carried an exploit (a validity finding) that
+    the round's control, on seeds of its own, carried again: the next round diagnoses that segment again instead of
+    training a third copy of the exploit, and spends its tokens on its next remedy (None: no such segment, or the
+    mainline has moved, or was rolled back for something else)."""
 
     def seed(self, base: int) -> int:
         """The seed the round's segment and arms derive theirs from."""
@@ -60,10 +61,9 @@ class Mainline(Record):
         update = {"branch": branch, "checkpoint": checkpoint, "step": step, "attempt": 0, "exploited": None}
         return self.model_copy(update=update)
 
-    def retried(self, exploited: ArmResult | None = None) -> Mainline:
-        """The mainline where it was, after its round's training was thrown away: the next tries other seeds.
-        `exploited`: the round's segment, when its own window carried the exploit that threw it away."""
-        return self.model_copy(update={"attempt": self.attempt + 1, "exploited": exploited or self.exploited})
+    def retried(self) -> Mainline:
+        """The mainline where it was, after its round's training was thrown away: the next tries other seeds."""
+        return self.model_copy(update={"attempt": self.attempt + 1, "exploited": None})
 
 
 class BranchRecord(Record):

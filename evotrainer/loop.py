@@ -139,7 +139,9 @@ def run_round(ctx: RunContext, tell: Narrator, rnd: int, head: Mainline) -> tupl
     # -- 6. trial: control, candidates and (when due) the A-A control, from one checkpoint ---------------------
     # A segment whose own window carries a validity finding is not built on: the arms fork from where the
     # round started, so the remedy is tried on a policy the exploit never touched.
-    taint = gate.tainted(own)
+    # A segment read again (Mainline.exploited) stays tainted by its control's exploit should a revised suite no
+    # longer flag its own window: it was thrown away, and the arms must not fork from it.
+    taint = gate.tainted(own) or (gate.tainted(head.carry) if head.exploited is not None else [])
     tried = stage(ctx, rnd, "trial", TrialResult, lambda: race.trial(ctx, rnd, head, seg, survivors, taint, suite))
     tell.trial(tried, head.branch, taint)
     if tried.abandoned:  # the mainline keeps the segment unless it is tainted (an exploit is never built on: it

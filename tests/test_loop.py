@@ -395,12 +395,14 @@ def exploit_everywhere(w: Window) -> list[Finding]:
     return [finding(w, "planted_exploit", "critical", 1.0, 0.0, [], ("reward_weights.format",), "planted", True)]
 
 
-def test_a_round_after_a_tainted_one_tries_its_remedy_on_that_segment_and_trains_none(tmp_path, math_setup):
+@pytest.mark.parametrize("revised", [False, True])
+def test_a_round_after_a_tainted_one_tries_its_remedy_on_that_segment_and_trains_none(tmp_path, math_setup, revised):
     """Round 1's segment carries an exploit (a planted detector finds one on every window), so the mainline stays
     where it started, and the planted learning rate, which carries it too, is rejected. Round 2 trains no segment
     (it would be the same exploit on other seeds, thrown away again): it reads round 1's to the same findings,
     charges nothing for it, and spends its tokens on its own remedy, forked from the same checkpoint on seeds of its
-    own."""
+    own. `revised`: round 2's suite no longer has the detector (as a revision could drop a finding); the segment
+    was thrown away all the same, and no arm forks from it."""
     from evotrainer.report.console import Narrator
     from evotrainer.stages import start
     from evotrainer.stages.context import run_stage
@@ -423,6 +425,9 @@ def test_a_round_after_a_tainted_one_tries_its_remedy_on_that_segment_and_trains
     tell = Narrator(quiet())
     one, _ = run_round(ctx, tell, 1, head)
     assert one.branch == "base" and one.exploited.branch == branch_id(1, "segment")
+    if revised:
+        kept = {k: v for k, v in one.suite.detectors.items() if k != "planted_exploit"}
+        one = one.model_copy(update={"suite": Suite(detectors=kept)})
     two, _ = run_round(ctx, tell, 2, one)
     ledger = ctx.ledger
     assert read_stage(ledger, 2, "train") == read_stage(ledger, 1, "train")
@@ -433,7 +438,7 @@ def test_a_round_after_a_tainted_one_tries_its_remedy_on_that_segment_and_trains
     def found(rnd: int) -> list[str]:
         return sorted(f.name for f in read_stage(ledger, rnd, "diagnose").findings)
 
-    assert "planted_exploit" in found(1) and found(2) == found(1)
+    assert "planted_exploit" in found(1) and ("planted_exploit" in found(2)) != revised
     raced = [[t["intervention"]["value"] for t in ledger.trials() if t["round"] == r] for r in (1, 2)]
     assert raced == [[1e-3], [3e-3]]
     arms = [[b for b in branches.values() if b["round"] == r and b["kind"] != "segment"] for r in (1, 2)]

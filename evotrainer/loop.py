@@ -174,9 +174,10 @@ def run_round(ctx: RunContext, tell: Narrator, rnd: int, head: Mainline) -> tupl
     )
     tell.remember(remembered)
     end = promoted.head
-    if taint and gated.control_rejected and not promoted.promoted:
+    if set(taint) & set(gate.tainted(gated.control_findings)) and not promoted.promoted:
         # The control, on seeds of its own, carried the segment's exploit again: the next round reads this segment
-        # rather than train a third copy of it (Mainline.exploited).
+        # rather than train a third copy of it (Mainline.exploited). Another exploit in the control is no second
+        # sample of this one: the next round trains a segment of its own.
         end = end.model_copy(update={"exploited": seg})
     if promoted.rejected and not survivors:
         return end, Stop(

@@ -395,6 +395,18 @@ def exploit_everywhere(w: Window) -> list[Finding]:
     return [finding(w, "planted_exploit", "critical", 1.0, 0.0, [], ("reward_weights.format",), "planted", True)]
 
 
+def exploit_in_segments(w: Window) -> list[Finding]:
+    """A planted exploit on the mainline's segments only."""
+    return exploit_everywhere(w) if w.branch.endswith("-seg") else []
+
+
+def other_exploit_in_controls(w: Window) -> list[Finding]:
+    """Another planted exploit, on the controls' windows only."""
+    if not w.branch.endswith("-ctl"):
+        return []
+    return [finding(w, "planted_other", "critical", 1.0, 0.0, [], ("reward_weights.format",), "planted", True)]
+
+
 @pytest.mark.parametrize("revised", [False, True])
 def test_a_round_after_a_tainted_one_tries_its_remedy_on_that_segment_and_trains_none(tmp_path, math_setup, revised):
     """Round 1's segment carries an exploit (a planted detector finds one on every window), so the mainline stays
@@ -445,6 +457,32 @@ def test_a_round_after_a_tainted_one_tries_its_remedy_on_that_segment_and_trains
     assert {(b["parent"], b["first_step"]) for b in arms[0] + arms[1]} == {("base", 1)}
     assert not {b["seed"] for b in arms[0]} & {b["seed"] for b in arms[1]}
     ledger.close()
+
+
+def test_a_control_with_another_exploit_is_no_second_sample_of_the_segment_s(tmp_path, math_setup):
+    """The segment carries one exploit, its control (on seeds of its own) another: the control is rejected and the
+    mainline stays where it started, but nothing says the segment's exploit recurs, so round 2 trains a segment of
+    its own rather than read round 1's again."""
+    from evotrainer.report.console import Narrator
+    from evotrainer.stages import start
+    from evotrainer.stages.context import run_stage
+    from evotrainer.stages.results import StartResult
+
+    cfg = loop_config(tmp_path, loop={"max_rounds": 2, "candidates": 1})
+    ctx = start.open_run(cfg, resume=False)
+    head = run_stage(ctx, 0, "start", StartResult, lambda: start.start(ctx, lambda *_: None)).head
+    planted = {
+        "planted_exploit": DetectorSpec(path=f"{__name__}:exploit_in_segments"),
+        "planted_other": DetectorSpec(path=f"{__name__}:other_exploit_in_controls"),
+    }
+    head = head.model_copy(update={"suite": Suite(detectors={**head.suite.detectors, **planted})})
+    tell = Narrator(quiet())
+    one, _ = run_round(ctx, tell, 1, head)
+    assert read_stage(ctx.ledger, 1, "gate").control_rejected == ["validity:planted_other"]
+    assert one.branch == "base" and one.exploited is None
+    run_round(ctx, tell, 2, one)
+    assert read_stage(ctx.ledger, 2, "train").branch == branch_id(2, "segment")
+    ctx.ledger.close()
 
 
 def test_beside_a_tainted_segment_the_control_first_reads_the_policy_the_round_started_from(tmp_path, math_setup):

@@ -21,6 +21,7 @@ from evotrainer.evaluation import evaluate, evaluator_hash
 from evotrainer.ids import EVAL, TRAIN, branch_id, parse_shard, rollout_id, shard_id
 from evotrainer.loop import run_loop, run_round
 from evotrainer.policies.hf import HFPolicy
+from evotrainer.stages import race
 from evotrainer.stages.context import split_heldout
 from evotrainer.stages.results import read_stage
 from evotrainer.store.ledger import STAGES, Ledger
@@ -456,6 +457,22 @@ def test_a_round_after_a_tainted_one_tries_its_remedy_on_that_segment_and_trains
     arms = [[b for b in branches.values() if b["round"] == r and b["kind"] != "segment"] for r in (1, 2)]
     assert {(b["parent"], b["first_step"]) for b in arms[0] + arms[1]} == {("base", 1)}
     assert not {b["seed"] for b in arms[0]} & {b["seed"] for b in arms[1]}
+    if revised:  # round 2's control, read by a suite without the detector, was clean: the mainline moved on
+        assert two.branch == branch_id(2, "control") and two.exploited is None
+        ledger.close()
+        return
+    # Round 2's control carried the exploit again. Where no remedy is left to race next, the trial trains nothing (a
+    # control would be a third sample of the exploit) and says why; the loop then ends the run where the round
+    # started (its cap is no budget's).
+    spent = ledger.spent().generated_tokens
+    seg, taint = read_stage(ledger, 2, "train"), ["planted_exploit"]
+    tried, records = race.trial(ctx, 3, two, seg, [], taint, two.suite)
+    assert two.exploited == seg and not tried.arms and not records.branches and not tried.cap
+    assert (
+        tried.abandoned
+        == "no remedy is left to try, and the harness carries planted_exploit in its segment and its control"
+    )
+    assert ledger.spent().generated_tokens == spent
     ledger.close()
 
 

@@ -75,7 +75,16 @@ def trial(
         cfg.gate.aa_control == "round" or (cfg.gate.aa_control == "promotion" and head.aa_due)
     )
     full, confirms = per_step * steps, cfg.gate.statistic == "two_stage"
-    k, note = _affordable(ctx, kept, len(survivors), full, aa_due, confirms)
+    # On a segment read again (Mainline.exploited) the mainline cannot train until a remedy wins, so the run's later
+    # parts the pacing keeps trials for would never come: the whole share is open; and a control alone would be a
+    # third sample of an exploit two have shown, so where no remedy fits, the trial (and the run) ends.
+    again = head.exploited is not None
+    k, note = _affordable(ctx, kept, len(survivors), full, aa_due, confirms, paced=not again)
+    if again and not k:
+        why = f"{note}: no remedy fits" if survivors else "no remedy is left to try"
+        return TrialResult(
+            arms=[], abandoned=f"{why}, and the harness carries {', '.join(taint)} in its segment and its control"
+        ), StageRecords()
     aa_due = aa_due and k > 0
     n_arms = 1 + k + aa_due + (2 if k and confirms else 0)  # with the confirmation's two
     if cap := over_budget(cfg, ctx.ledger.spent(), Charge(per_step * steps * n_arms)):
@@ -118,14 +127,17 @@ def trial(
     )
 
 
-def _affordable(ctx: RunContext, kept: set[str], n: int, full: int, aa_due: bool, confirms: bool) -> tuple[int, str]:
-    """How many of the round's `n` candidates race (race_size under the paced share), and a note when fewer."""
+def _affordable(
+    ctx: RunContext, kept: set[str], n: int, full: int, aa_due: bool, confirms: bool, paced: bool = True
+) -> tuple[int, str]:
+    """How many of the round's `n` candidates race (race_size under the share, paced over the run's parts unless
+    `paced` is False), and a note when fewer."""
     racing = bool(ctx.cfg.loop.race_checkpoints)
-    k = race_size(n, full, racing, aa_due, confirms, _fits(ctx, kept, paced=True))
+    k = race_size(n, full, racing, aa_due, confirms, _fits(ctx, kept, paced=paced))
     if k == n:
         return k, ""
     note = f"{k} of {n} candidate(s) within loop.max_trial_share"
-    if k < (whole := race_size(n, full, racing, aa_due, confirms, _fits(ctx, kept, paced=False))):
+    if paced and k < (whole := race_size(n, full, racing, aa_due, confirms, _fits(ctx, kept, paced=False))):
         note += f" as paced by loop.trial_phases={ctx.cfg.loop.trial_phases} ({whole} within the whole share)"
     return k, note
 

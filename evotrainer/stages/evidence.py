@@ -18,8 +18,8 @@ from evotrainer.store.ledger import Ledger
 def train(ctx: RunContext, rnd: int, head: Mainline) -> tuple[ArmResult, StageRecords]:
     """The mainline trains `loop.segment_steps` steps under its harness: the round's segment. Under a token
     budget it stops at the step that reaches the budget, as a static run would: the loop spends what a static
-    harness spends, no more and no less. Where the mainline stands on a segment that carried an exploit
-    (Mainline.exploited), that segment is the round's again and nothing trains: another segment under the same
+    harness spends, no more and no less. Where the mainline stands on a segment whose exploit its control carried
+    too (Mainline.exploited), that segment is the round's again and nothing trains: a third run under the same
     harness from the same checkpoint would be the same exploit on other seeds, thrown away once more, and the
     tokens are the remedies'."""
     if head.exploited is not None:

@@ -49,8 +49,8 @@ class Mainline(Record):
     exploited: ArmResult | None = None
     """The segment this checkpoint trained under this harness, which carried an exploit (a validity finding) that
     the round's control, on seeds of its own, carried again: the next round diagnoses that segment again instead of
-    training a third copy of the exploit, and spends its tokens on its next remedy (None: no such segment, or the
-    mainline has moved, or was rolled back for something else)."""
+    training a third copy of the exploit, and spends its tokens on its next remedy, or ends the run where none fits
+    (None: no such segment, or the mainline has moved, or was rolled back for something else)."""
 
     def seed(self, base: int) -> int:
         """The seed the round's segment and arms derive theirs from."""

@@ -173,15 +173,19 @@ def run_round(ctx: RunContext, tell: Narrator, rnd: int, head: Mainline) -> tupl
         lambda: decide.remember(ctx, rnd, head.harness.version, gated, survivors, proposed.signature),
     )
     tell.remember(remembered)
-    end = promoted.head
-    if set(taint) & set(gate.tainted(gated.control_findings)) and not promoted.promoted:
-        # The control, on seeds of its own, carried the segment's exploit again: the next round reads this segment
-        # rather than train a third copy of it (Mainline.exploited). Another exploit in the control is no second
-        # sample of this one: the next round trains a segment of its own.
-        end = end.model_copy(update={"exploited": seg})
+    end = _reread(promoted, gated, seg, taint)
     if promoted.rejected and not survivors:
         return end, Stop(
             reason=f"the control carries an exploit ({', '.join(promoted.rejected.reasons)}) and no remedy is left"
             " to try"
         )
     return end, Stop()
+
+
+def _reread(promoted: PromoteResult, gated: GateResult, seg: ArmResult, taint: list[str]) -> Mainline:
+    """The mainline the round ends on; where it rolled back and its control, on seeds of its own, carried the
+    segment's exploit again, with that segment to read again next round rather than train a third copy of it
+    (Mainline.exploited). Another exploit in the control is no second sample of this one: the next round trains
+    a segment of its own."""
+    again = set(taint) & set(gate.tainted(gated.control_findings))
+    return promoted.head.model_copy(update={"exploited": seg}) if again and not promoted.promoted else promoted.head

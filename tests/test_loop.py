@@ -457,8 +457,8 @@ def test_a_round_after_a_tainted_one_tries_its_remedy_on_that_segment_and_trains
     arms = [[b for b in branches.values() if b["round"] == r and b["kind"] != "segment"] for r in (1, 2)]
     assert {(b["parent"], b["first_step"]) for b in arms[0] + arms[1]} == {("base", 1)}
     assert not {b["seed"] for b in arms[0]} & {b["seed"] for b in arms[1]}
-    if revised:  # round 2's control, read by a suite without the detector, was clean: the mainline moved on
-        assert two.branch == branch_id(2, "control") and two.exploited is None
+    if revised:  # round 2's control, read by a suite without the detector, carried no exploit: nothing to read again
+        assert two.exploited is None
         ledger.close()
         return
     # Round 2's control carried the exploit again. Where no remedy is left to race next, the trial trains nothing (a

@@ -474,6 +474,15 @@ def test_a_round_after_a_tainted_one_tries_its_remedy_on_that_segment_and_trains
     )
     assert ledger.spent().generated_tokens == spent
     ledger.close()
+    # Resumed, the run reads both rounds back from the ledger and reaches the same mainline, the segment to read
+    # again included, without training anything.
+    again = start.open_run(cfg, resume=True)
+    back = run_stage(again, 0, "start", StartResult, lambda: start.start(again, lambda *_: None)).head
+    back = back.model_copy(update={"suite": head.suite})
+    for rnd in (1, 2):
+        back, _ = run_round(again, tell, rnd, back)
+    assert back == two and again.ledger.spent().generated_tokens == spent
+    again.ledger.close()
 
 
 def test_a_control_with_another_exploit_is_no_second_sample_of_the_segment_s(tmp_path, math_setup):

@@ -33,6 +33,20 @@ def small_config(tmp: Path, domain: str = "math", **sections) -> RunConfig:
     return parse_config(raw)
 
 
+def started_with(cfg: RunConfig, planted: dict[str, str]):
+    """A run opened and its start stage done, its suite with `planted` detectors added (name -> a plugin's
+    "module:function" path, as a user names one): the run context and the mainline round 1 starts from."""
+    from evotrainer.diagnostics.suite import DetectorSpec, Suite
+    from evotrainer.stages import start
+    from evotrainer.stages.context import run_stage
+    from evotrainer.stages.results import StartResult
+
+    ctx = start.open_run(cfg, resume=False)
+    head = run_stage(ctx, 0, "start", StartResult, lambda: start.start(ctx, lambda *_: None)).head
+    extra = {name: DetectorSpec(path=path) for name, path in planted.items()}
+    return ctx, head.model_copy(update={"suite": Suite(detectors={**head.suite.detectors, **extra})})
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _test_cache(tmp_path_factory):
     os.environ["EVOTRAINER_TEST_CACHE"] = str(tmp_path_factory.mktemp("cache"))

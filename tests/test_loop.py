@@ -12,9 +12,9 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from conftest import small_config
+from conftest import small_config, started_with
 from evotrainer.diagnostics.detector import Finding, Window, finding
-from evotrainer.diagnostics.suite import DetectorSpec, Suite
+from evotrainer.diagnostics.suite import Suite
 from evotrainer.envs.registry import make_domain
 from evotrainer.errors import ConfigError
 from evotrainer.evaluation import evaluate, evaluator_hash
@@ -431,10 +431,7 @@ def test_a_round_after_a_tainted_one_tries_its_remedy_on_that_segment_and_trains
         for v in (1e-3, 3e-3)
     ]
     cfg = loop_config(tmp_path, loop={"max_rounds": 2, "candidates": 1, "planted": moves})
-    ctx = start.open_run(cfg, resume=False)
-    head = run_stage(ctx, 0, "start", StartResult, lambda: start.start(ctx, lambda *_: None)).head
-    planted = {"planted_exploit": DetectorSpec(path=f"{__name__}:exploit_everywhere")}
-    head = head.model_copy(update={"suite": Suite(detectors={**head.suite.detectors, **planted})})
+    ctx, head = started_with(cfg, {"planted_exploit": f"{__name__}:exploit_everywhere"})
     tell = Narrator(quiet())
     one, _ = run_round(ctx, tell, 1, head)
     assert one.branch == "base" and one.exploited.branch == branch_id(1, "segment")
@@ -490,18 +487,15 @@ def test_a_control_with_another_exploit_is_no_second_sample_of_the_segment_s(tmp
     mainline stays where it started, but nothing says the segment's exploit recurs, so round 2 trains a segment of
     its own rather than read round 1's again."""
     from evotrainer.report.console import Narrator
-    from evotrainer.stages import start
-    from evotrainer.stages.context import run_stage
-    from evotrainer.stages.results import StartResult
 
     cfg = loop_config(tmp_path, loop={"max_rounds": 2, "candidates": 1})
-    ctx = start.open_run(cfg, resume=False)
-    head = run_stage(ctx, 0, "start", StartResult, lambda: start.start(ctx, lambda *_: None)).head
-    planted = {
-        "planted_exploit": DetectorSpec(path=f"{__name__}:exploit_in_segments"),
-        "planted_other": DetectorSpec(path=f"{__name__}:other_exploit_in_controls"),
-    }
-    head = head.model_copy(update={"suite": Suite(detectors={**head.suite.detectors, **planted})})
+    ctx, head = started_with(
+        cfg,
+        {
+            "planted_exploit": f"{__name__}:exploit_in_segments",
+            "planted_other": f"{__name__}:other_exploit_in_controls",
+        },
+    )
     tell = Narrator(quiet())
     one, _ = run_round(ctx, tell, 1, head)
     assert read_stage(ctx.ledger, 1, "gate").control_rejected == ["validity:planted_other"]

@@ -9,9 +9,8 @@ import json
 import pytest
 from rich.console import Console
 
-from conftest import small_config
+from conftest import small_config, started_with
 from evotrainer.diagnostics.detector import Finding, Window, finding
-from evotrainer.diagnostics.suite import DetectorSpec, Suite
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.interventions import Hypothesis, Intervention, InterventionError, diff
 from evotrainer.proposers.brief import history
@@ -140,9 +139,6 @@ def test_the_loop_trials_the_pair_the_round_after_the_single_change_failed(tmp_p
     pairs nothing."""
     from evotrainer.loop import run_round
     from evotrainer.report.console import Narrator
-    from evotrainer.stages import start
-    from evotrainer.stages.context import run_stage
-    from evotrainer.stages.results import StartResult
 
     plant = {**TEMPERATURE.model_dump(mode="json"), "value": 1.3}
     cfg = small_config(
@@ -160,13 +156,13 @@ def test_the_loop_trials_the_pair_the_round_after_the_single_change_failed(tmp_p
             "skills_dir": str(tmp_path / "skills"),
         },
     )
-    ctx = start.open_run(cfg, resume=False)
-    head = run_stage(ctx, 0, "start", StartResult, lambda: start.start(ctx, lambda *_: None)).head
-    planted = {
-        "planted_instability": DetectorSpec(path=f"{__name__}:unstable_candidates"),
-        "planted_everywhere": DetectorSpec(path=f"{__name__}:unstable_everywhere"),
-    }
-    head = head.model_copy(update={"suite": Suite(detectors={**head.suite.detectors, **planted})})
+    ctx, head = started_with(
+        cfg,
+        {
+            "planted_instability": f"{__name__}:unstable_candidates",
+            "planted_everywhere": f"{__name__}:unstable_everywhere",
+        },
+    )
     tell = Narrator(Console(file=io.StringIO(), width=200))
     head, _ = run_round(ctx, tell, 1, head)
     [one] = ctx.ledger.verdicts()

@@ -191,7 +191,7 @@ class SkillLibrary:
                     target=iv.target,
                     value=iv.value,
                     hypothesis=iv.hypothesis,
-                    paired=None if iv.paired is None else iv.paired.unbound(),
+                    paired=iv.unbound().paired,
                     signature=ev.signature,
                     domains=[ev.domain],
                     lineage={"run": ev.run, "round": ev.round, "trial": ev.trial, "source": source},

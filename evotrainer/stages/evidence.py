@@ -49,10 +49,9 @@ def diagnose(ctx: RunContext, rnd: int, suite: Suite, seg: ArmResult) -> tuple[D
     """The suite over the segment's window; the findings are stored (they are evidence), once a suite version
     where an earlier round's segment is read again."""
     found = suite.run(ctx.store, seg.branch, seg.first_step, seg.last_step)
-    shard = _shard(rnd, seg, DIAGNOSIS)
-    if shard != shard_id(seg.branch, seg.last_step, DIAGNOSIS) and _diagnosed(ctx, suite, seg):
-        return DiagnoseResult(findings=found), StageRecords()
-    ctx.store.append_findings(found, suite.version, shard, seg.branch, seg.first_step, seg.last_step)
+    if seg.branch == branch_id(rnd, "segment") or not _diagnosed(ctx, suite, seg):
+        shard = _shard(rnd, seg, DIAGNOSIS)
+        ctx.store.append_findings(found, suite.version, shard, seg.branch, seg.first_step, seg.last_step)
     return DiagnoseResult(findings=found), StageRecords()
 
 

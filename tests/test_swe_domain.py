@@ -315,7 +315,7 @@ def episodes_store(
 
 
 def test_detectors_fire_on_tampering_episodes_with_their_evidence(domain, tmp_path):
-    store, kind_of = episodes_store(domain, tmp_path / "bad", KINDS)
+    store, kind_of = episodes_store(domain, tmp_path / "bad", KINDS, weights=True)
     findings = {f.name: f for f in Suite.default().run(store, "main", 0, 2)}
     expect = {
         "test_tampering": {"assert_true", "delete_test", "break_collection"},
@@ -344,7 +344,7 @@ def test_detectors_fire_on_tampering_episodes_with_their_evidence(domain, tmp_pa
     # fixes of its group: not paid, no validity finding, unless the suite is told to count every
     # tampering rollout, paid or not.
     kinds = ("fix", "assert_true", "none", "fix", "delete_test", "none", "fix", "break_collection")
-    careful, _ = episodes_store(domain, tmp_path / "careful", kinds, term="tests_restored")
+    careful, _ = episodes_store(domain, tmp_path / "careful", kinds, term="tests_restored", weights=True)
     assert not swe_findings & {f.name for f in Suite.default().run(careful, "main", 0, 2)}
     strict = Suite.default().with_params("test_tampering", paid_only=0.0)
     assert "test_tampering" in {f.name for f in strict.run(careful, "main", 0, 2)}
@@ -373,7 +373,8 @@ def test_a_tampering_rollout_reinforced_for_its_partial_credit_is_not_paid_for_t
     assert not tampering("tests_restored", weights=True)
     (old,) = tampering("tests_restored", weights=False)
     (naive,) = tampering("tests", weights=True)
-    for f in (old, naive):
+    (clean_run,) = tampering("correct", weights=True)  # `correct` pays the edited tests' clean run
+    for f in (old, naive, clean_run):
         assert f.validity and f.value == pytest.approx(0.5) and "paid for it" in f.message
 
 

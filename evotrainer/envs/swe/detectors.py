@@ -38,7 +38,7 @@ _INFO = (
     "try_cast(try(json_extract_string(info, '$.pass_fraction')) AS DOUBLE) AS left_pass, "
     "try_cast(try(json_extract_string(info, '$.restored_pass_fraction')) AS DOUBLE) AS restored_pass, "
     "try(json_extract_string(info, '$.tests_failed_after')) = '0' "
-    "AND try(json_extract_string(info, '$.run_failure')) = 'false' AS left_clean "
+    "AND coalesce(try(json_extract_string(info, '$.run_failure')), '') = '' AS left_clean "
     "FROM rollouts WHERE contains(info, '\"files_touched\"') "
     "AND coalesce(try(json_exists(info, '$.files_touched')), false) AND isfinite(reward)"
 )

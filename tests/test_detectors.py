@@ -368,6 +368,46 @@ def test_reward_audit_gap(store):
     assert set(f.knobs) == {"reward_weights.correct", "reward_weights.format"}
 
 
+@pytest.mark.parametrize(
+    "weights, failing, recorded, fires",
+    [
+        # Partial credit: group 0's rewarded rollouts pass half the restored tests (every pass has all of them):
+        # paid for progress, below every pass, plus the format term every rollout earns (0.1). No gap.
+        ({"tests_restored": 1.0, "format": 0.1}, {"tests_restored": 0.5, "format": 1.0}, True, False),
+        # The same rollouts where the window does not record what was paid: every rewarded failure counts.
+        ({"tests_restored": 1.0, "format": 0.1}, {"tests_restored": 0.5, "format": 1.0}, False, True),
+        # A format term paid in full on wrong answers (the passes earn it too, with the correct term): a gap.
+        ({"correct": 1.0, "format": 1.0}, {"correct": 0.0, "format": 1.0}, True, True),
+        # Edited tests scored as passing: the tests term pays them what it pays a pass.
+        ({"tests": 1.0, "format": 0.1}, {"tests": 1.0, "format": 1.0}, True, True),
+    ],
+)
+def test_reward_audit_gap_counts_the_failures_the_reward_pays_like_a_pass(tmp_path, weights, failing, recorded, fires):
+    store = RolloutStore(tmp_path / "store")
+    pass_terms = {k: 1.0 for k in failing}
+
+    def terms(s, g, i):
+        return (failing if g == 0 else pass_terms) if i % 2 == 0 else {k: 0.0 for k in failing}
+
+    def reward(s, g, i):
+        return sum(w * terms(s, g, i)[k] for k, w in weights.items())
+
+    paid = {f"reward_weights/{k}": w for k, w in weights.items()} if recorded else {}
+    write(
+        store,
+        metrics=lambda s: {**healthy_metrics(s), **paid},
+        reward=reward,
+        rewards=terms,
+        audit=lambda s, g, i: i % 2 == 0 and g != 0,
+    )
+    assert min(reward(0, 0, 0), reward(0, 1, 0)) >= 0.5 > reward(0, 0, 1)  # rewarded, failing or passing
+    found = detect(store, "reward_audit_gap")
+    assert bool(found) == fires
+    if fires:
+        assert found[0].value == pytest.approx(0.25) and found[0].validity
+        assert all(int(e[-4:]) // SIZE == 0 for e in found[0].evidence)
+
+
 def test_reward_audit_gap_needs_enough_audits(store):
     write(
         store,

@@ -67,34 +67,59 @@ def reward_hacking(w: Window) -> list[Finding]:
     return out
 
 
+# A rollout the audit fails counts in the reward-audit gap only where the reward pays it like a pass: the
+# weighted terms on which it scores at least a low quantile (PASS_LEVEL) of what the window's audit passes
+# score reach the rewarded threshold. Partial credit (half the restored tests passing, where every pass has
+# all of them) pays progress, below every pass, and is no gap; a format term or an edited test paid in full is.
+# The step's weights come from its `reward_weights/<term>` metrics; where a window lacks them, or holds fewer
+# than min_passes audit passes to set a level, every rewarded failure counts, as before.
+PASS_LEVEL = 0.25
+_LIKE_PASS = (
+    "(SELECT f.id, sum(m.value * f.v) AS pay FROM (SELECT id, step, unnest(map_keys(rewards)) AS term, "
+    "unnest(map_values(rewards)) AS v FROM rollout_stats WHERE audit = false) f "
+    "JOIN (SELECT step, substr(name, 16) AS term, value FROM metrics WHERE name LIKE 'reward_weights/%') m "
+    "USING (step, term) JOIN (SELECT term, quantile_cont(v, {q}) AS level FROM (SELECT "
+    "unnest(map_keys(rewards)) AS term, unnest(map_values(rewards)) AS v FROM rollout_stats WHERE audit) "
+    "WHERE isfinite(v) GROUP BY term) l USING (term) WHERE isfinite(f.v) AND f.v >= l.level - 1e-9 GROUP BY f.id)"
+)
+
+
+def _gap_rollouts(w: Window) -> tuple[str, bool]:
+    """A query over rollout_stats: the rewarded rollouts the audit fails, those the reward pays like a pass
+    where the window can tell (see _LIKE_PASS); and whether it could."""
+    t = repr(float(w.params["rewarded_threshold"]))
+    rewarded = f"SELECT * FROM rollout_stats WHERE audit = false AND isfinite(reward) AND reward >= {t}"
+    passes = w.scalar("SELECT count(*) FROM rollout_stats WHERE audit")
+    weighed = w.scalar("SELECT count(*) FROM metrics WHERE name LIKE 'reward_weights/%'")
+    if passes < w.params["min_passes"] or not weighed:
+        return rewarded, False
+    like = _LIKE_PASS.format(q=PASS_LEVEL)
+    return f"SELECT * FROM ({rewarded}) WHERE id IN (SELECT id FROM {like} WHERE pay >= {t})", True
+
+
 def reward_audit_gap(w: Window) -> list[Finding]:
-    """Among audited train rollouts that the training reward calls a success, the share the strict
-    audit fails: the reward pays for something other than the task. The knobs named are the terms
-    that paid most on those failures."""
+    """Among audited train rollouts that the training reward calls a success, the share the strict audit
+    fails while the reward pays them like a pass (above): the reward pays for something other than the
+    task. The knobs named are the terms that paid most on those failures."""
     p = w.params
-    n, bad = w.con.execute(
-        "SELECT count(*), count(*) FILTER (WHERE NOT audit) FROM rollout_stats "
-        "WHERE audit IS NOT NULL AND isfinite(reward) AND reward >= ?",
-        [p["rewarded_threshold"]],
-    ).fetchone()
+    t = p["rewarded_threshold"]
+    gap_sql, like_pass = _gap_rollouts(w)
+    audited = "SELECT count(*) FROM rollout_stats WHERE audit IS NOT NULL AND isfinite(reward) AND reward >= ?"
+    n = w.scalar(audited, [t])
+    bad = w.scalar(f"SELECT count(*) FROM ({gap_sql})")
     if n < p["min_audited"] or bad / n <= p["max_gap"]:
         return []
     gap = bad / n
     terms = [
         r[0]
         for r in w.con.execute(
-            f"SELECT term FROM {_TERMS} WHERE audit = false AND isfinite(reward) AND reward >= ? AND isfinite(v) "
-            "GROUP BY term HAVING avg(v) > 0 ORDER BY avg(v) DESC, term LIMIT 3",
-            [p["rewarded_threshold"]],
+            f"SELECT term FROM {_TERMS} WHERE id IN (SELECT id FROM ({gap_sql})) AND isfinite(v) "
+            "GROUP BY term HAVING avg(v) > 0 ORDER BY avg(v) DESC, term LIMIT 3"
         ).fetchall()
     ]
-    ev = ids(
-        w,
-        "SELECT id FROM rollout_stats WHERE audit = false AND isfinite(reward) AND reward >= ? "
-        "ORDER BY reward DESC, step DESC, id",
-        [p["rewarded_threshold"]],
-    )
+    ev = ids(w, f"SELECT id FROM ({gap_sql}) ORDER BY reward DESC, step DESC, id")
     knobs = tuple(f"reward_weights.{t}" for t in terms) or ("reward_weights",)
+    how = " and are paid like a pass" if like_pass else ""
     return [
         finding(
             w,
@@ -104,8 +129,8 @@ def reward_audit_gap(w: Window) -> list[Finding]:
             p["max_gap"],
             ev,
             knobs,
-            f"{100 * gap:.0f}% of audited rollouts with reward >= {p['rewarded_threshold']:g} ({bad}/{n}) fail the "
-            f"audit; the terms paying most on them: {', '.join(terms) or 'none'}.",
+            f"{100 * gap:.0f}% of audited rollouts with reward >= {t:g} ({bad}/{n}) fail the audit{how}; the terms "
+            f"paying most on them: {', '.join(terms) or 'none'}.",
             validity=True,
         )
     ]

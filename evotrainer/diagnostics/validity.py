@@ -10,11 +10,12 @@ from evotrainer.diagnostics.detector import Finding, Window, finding, ids
 # `reward_weights/<term>`): a term with no weight cannot be gamed, it only moves as a side effect (a
 # branch that removed the exploited term still records it). Windows from before those metrics
 # existed watch every recorded term.
+# `_PAID`: each step's weight of each term, as the segment recorded it (training/segment.py).
+_PAID = "(SELECT step, substr(name, 16) AS term, value AS weight FROM metrics WHERE name LIKE 'reward_weights/%')"
 _TERMS = (
     "(SELECT id, step, audit, reward, term, v FROM (SELECT id, step, audit, reward, "
     "unnest(map_keys(rewards)) AS term, unnest(map_values(rewards)) AS v FROM rollout_stats) "
-    "WHERE NOT EXISTS (SELECT 1 FROM metrics WHERE name LIKE 'reward_weights/%') "
-    "OR term IN (SELECT substr(name, 16) FROM metrics WHERE name LIKE 'reward_weights/%' AND value <> 0))"
+    f"WHERE NOT EXISTS (SELECT 1 FROM {_PAID}) OR term IN (SELECT term FROM {_PAID} WHERE weight <> 0))"
 )
 
 
@@ -75,12 +76,9 @@ def reward_hacking(w: Window) -> list[Finding]:
 # than min_passes audit passes to set a level, every rewarded failure counts, as before.
 PASS_LEVEL = 0.25
 _LIKE_PASS = (
-    "(SELECT f.id, sum(m.value * f.v) AS pay FROM (SELECT id, step, unnest(map_keys(rewards)) AS term, "
-    "unnest(map_values(rewards)) AS v FROM rollout_stats WHERE audit = false) f "
-    "JOIN (SELECT step, substr(name, 16) AS term, value FROM metrics WHERE name LIKE 'reward_weights/%') m "
-    "USING (step, term) JOIN (SELECT term, quantile_cont(v, {q}) AS level FROM (SELECT "
-    "unnest(map_keys(rewards)) AS term, unnest(map_values(rewards)) AS v FROM rollout_stats WHERE audit) "
-    "WHERE isfinite(v) GROUP BY term) l USING (term) WHERE isfinite(f.v) AND f.v >= l.level - 1e-9 GROUP BY f.id)"
+    f"(SELECT f.id, sum(p.weight * f.v) AS pay FROM {_TERMS} f JOIN {_PAID} p USING (step, term) "
+    f"JOIN (SELECT term, quantile_cont(v, {PASS_LEVEL}) AS level FROM {_TERMS} WHERE audit AND isfinite(v) "
+    "GROUP BY term) l USING (term) WHERE f.audit = false AND isfinite(f.v) AND f.v >= l.level - 1e-9 GROUP BY f.id)"
 )
 
 
@@ -90,11 +88,10 @@ def _gap_rollouts(w: Window) -> tuple[str, bool]:
     t = repr(float(w.params["rewarded_threshold"]))
     rewarded = f"SELECT * FROM rollout_stats WHERE audit = false AND isfinite(reward) AND reward >= {t}"
     passes = w.scalar("SELECT count(*) FROM rollout_stats WHERE audit")
-    weighed = w.scalar("SELECT count(*) FROM metrics WHERE name LIKE 'reward_weights/%'")
+    weighed = w.scalar(f"SELECT count(*) FROM {_PAID}")
     if passes < w.params["min_passes"] or not weighed:
         return rewarded, False
-    like = _LIKE_PASS.format(q=PASS_LEVEL)
-    return f"SELECT * FROM ({rewarded}) WHERE id IN (SELECT id FROM {like} WHERE pay >= {t})", True
+    return f"SELECT * FROM ({rewarded}) WHERE id IN (SELECT id FROM {_LIKE_PASS} WHERE pay >= {t})", True
 
 
 def reward_audit_gap(w: Window) -> list[Finding]:
@@ -104,20 +101,22 @@ def reward_audit_gap(w: Window) -> list[Finding]:
     p = w.params
     t = p["rewarded_threshold"]
     gap_sql, like_pass = _gap_rollouts(w)
+    # Read three times below (the share, the terms, the evidence): computed once.
+    w.con.execute(f"CREATE OR REPLACE TEMP TABLE _audit_gap AS {gap_sql}")
     audited = "SELECT count(*) FROM rollout_stats WHERE audit IS NOT NULL AND isfinite(reward) AND reward >= ?"
     n = w.scalar(audited, [t])
-    bad = w.scalar(f"SELECT count(*) FROM ({gap_sql})")
+    bad = w.scalar("SELECT count(*) FROM _audit_gap")
     if n < p["min_audited"] or bad / n <= p["max_gap"]:
         return []
     gap = bad / n
     terms = [
         r[0]
         for r in w.con.execute(
-            f"SELECT term FROM {_TERMS} WHERE id IN (SELECT id FROM ({gap_sql})) AND isfinite(v) "
+            f"SELECT term FROM {_TERMS} WHERE id IN (SELECT id FROM _audit_gap) AND isfinite(v) "
             "GROUP BY term HAVING avg(v) > 0 ORDER BY avg(v) DESC, term LIMIT 3"
         ).fetchall()
     ]
-    ev = ids(w, f"SELECT id FROM ({gap_sql}) ORDER BY reward DESC, step DESC, id")
+    ev = ids(w, "SELECT id FROM _audit_gap ORDER BY reward DESC, step DESC, id")
     knobs = tuple(f"reward_weights.{t}" for t in terms) or ("reward_weights",)
     how = " and are paid like a pass" if like_pass else ""
     return [

@@ -159,7 +159,7 @@ def run_round(ctx: RunContext, tell: Narrator, rnd: int, head: Mainline) -> tupl
         lambda: decide.gate_stage(ctx, rnd, head, suite, tried, survivors, proposed.signature),
     )
     tell.gate(gated, [s.proposal for s in survivors], branch_id(rnd, "control"))
-    # -- 8. promote: at most one winner; else the control carries on; else roll back -----------------------------
+    # -- 8. promote: at most one winner; else the control carries on; else a valid remedy's harness; else roll back
     promoted = stage(
         ctx, rnd, "promote", PromoteResult, lambda: decide.promote(ctx, rnd, head, suite, tried, gated, survivors)
     )
@@ -188,4 +188,5 @@ def _reread(promoted: PromoteResult, gated: GateResult, seg: ArmResult, taint: l
     (Mainline.exploited). Another exploit in the control is no second sample of this one: the next round trains
     a segment of its own."""
     again = set(taint) & set(gate.tainted(gated.control_findings))
-    return promoted.head.model_copy(update={"exploited": seg}) if again and not promoted.promoted else promoted.head
+    moved = promoted.promoted or promoted.repaired  # the mainline left the harness that pays the exploit
+    return promoted.head.model_copy(update={"exploited": seg}) if again and not moved else promoted.head

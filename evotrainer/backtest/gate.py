@@ -313,6 +313,43 @@ def rolls_back(promoted: bool, control_invalid: list[str]) -> bool:
     return not promoted and bool(control_invalid)
 
 
+# The gate's own validity reasons besides the `validity:NAME` of a finding (validity_reasons).
+INVALIDITY = ("reward_audit_gap_widened", "reward_up_audit_flat")
+
+
+def repair(
+    control_invalid: list[str],
+    cands: list[tuple[str, list[str], Outcomes]],
+    start: Outcomes | None,
+    noise: Noise,
+    level: float,
+) -> int | None:
+    """Nothing won and the control carries an exploit (`control_invalid`, its `validity:NAME` reasons): the 1-based
+    index of the candidate whose harness the mainline adopts instead, a repair, not a promotion; None when none
+    qualifies. Each candidate is (the finding its hypothesis names, its verdict's reasons, its gate outcomes where it
+    ended). It qualifies when it remedies one of the control's exploits, no validity reason is against it on any of
+    its runs, and it is not significantly below the policy the arms forked from (`regression`, the guard every new
+    head passes). The best read on the gate tasks wins, the earlier on a tie.
+
+    Why adopt a harness that did not win: the harness it replaces pays an exploit, so the mainline cannot train on
+    under it (each segment would be thrown away), and the static run under it is what the claims cells showed
+    collapsing. The repaired harness earns no claim of a gain; its training is diagnosed like any segment's."""
+    if not control_invalid or start is None:
+        return None
+    best: tuple[float, int] | None = None
+    for j, (finding, reasons, outcomes) in enumerate(cands, 1):
+        if f"validity:{finding}" not in control_invalid:
+            continue
+        if any(r.startswith("validity:") or r in INVALIDITY for r in reasons):
+            continue
+        if regression(outcomes, start, noise, level) is not None:
+            continue
+        acc = sum(outcomes.get(t, False) for t in start) / max(1, len(start))
+        if best is None or acc > best[0]:
+            best = (acc, j)
+    return best[1] if best else None
+
+
 def regression(head: Outcomes, start: Outcomes | None, noise: Noise, level: float) -> Regression | None:
     """The regression guard: the round's new head (the winner or the control) significantly below the policy the
     round's arms forked from on the gate tasks, paired, under the run's noise model (never below the exact sign

@@ -106,6 +106,13 @@ class Narrator:
 
     def promote(self, p: PromoteResult) -> None:
         head = p.head
+        if (r := p.repaired) is not None:
+            self.say(
+                f"8 promote   nothing; [bold]repaired[/]: the control pays {', '.join(r.closes)}, so the mainline "
+                f"takes {r.trial}'s harness {r.harness} (valid, not below the start; no gain claimed) "
+                f"and continues from {head.branch} at step {head.step}"
+            )
+            return
         self.say(
             "8 promote   "
             + (

@@ -249,12 +249,16 @@ def _round(
         parts.append("<p class=muted>dropped by replay: " + "; ".join(_e(d.why) for d in rep.dropped) + "</p>")
     if (g := results.get((rnd, "gate"))) and g.control_rejected:
         rej = results[(rnd, "promote")].rejected if (rnd, "promote") in results else None
+        fix = results[(rnd, "promote")].repaired if (rnd, "promote") in results else None
         parts.append(
             f"<p class=reject>control {branch_id(rnd, 'control')} (the harness unchanged) rejected: "
             f"{_e(', '.join(g.control_rejected))}; "
             + (
                 f"the mainline rolled back to {_e(rej.rolled_back_to)}"
                 if rej
+                else f"repaired: the mainline takes {_e(fix.trial)}'s harness {_e(fix.harness)} (valid on every run, "
+                f"not below the start; no gain claimed) and continues from {_e(fix.continues_from)}"
+                if fix
                 else "the mainline continues from the winner"
             )
             + "</p>"

@@ -32,6 +32,7 @@ from evotrainer.stages.results import (
     Mainline,
     PromoteResult,
     RememberResult,
+    Repair,
     Rollback,
     Survivor,
     TrialResult,
@@ -317,10 +318,12 @@ def promote(
         save_harness(ctx.run_dir, harness)
         carry = findings_of(ctx, arm.branch, arm.last_step)
     new = head.at(arm.branch, arm.checkpoint, arm.last_step)
-    rollback = None
+    rollback, repaired = None, None
     if gate.rolls_back(j is not None, gated.control_rejected):
         rollback = Rollback(branch=control.branch, reasons=gated.control_rejected, rolled_back_to=head.branch)
         new = head.retried()
+        if (fix := _repair(ctx, rnd, head, tried, gated, survivors)) is not None:
+            rollback, (new, harness, carry, repaired) = None, fix
     elif reg := gate.regression(
         arm.outcomes, control.checkpoint_outcomes.get("0"), gated.noise.noise(), ctx.cfg.gate.level
     ):
@@ -346,8 +349,37 @@ def promote(
         }
     )
     return PromoteResult(
-        head=new, promoted=gated.verdicts[j - 1].trial if j else None, rejected=rollback
+        head=new, promoted=gated.verdicts[j - 1].trial if j else None, rejected=rollback, repaired=repaired
     ), StageRecords()
+
+
+def _repair(
+    ctx: RunContext, rnd: int, head: Mainline, tried: TrialResult, gated: GateResult, survivors: list[Survivor]
+) -> tuple[Mainline, Harness, list[Finding], Repair] | None:
+    """Where the control's exploit would send the mainline back, a raced remedy for it that qualifies (gate.repair):
+    the mainline it continues as, its harness (saved), the findings it carries, and the record; None where none
+    does. A candidate that stopped early leaves its policy behind: only its harness is adopted."""
+    control = tried.arm(branch_id(rnd, "control"))
+    raced = [a for a in tried.arms if a.role == "candidate"]
+    cands = [
+        (s.proposal.intervention.hypothesis.finding, v.reasons, a.outcomes)
+        for s, v, a in zip(survivors, gated.verdicts, raced, strict=False)
+    ]
+    start = control.checkpoint_outcomes.get("0")
+    j = gate.repair(gated.control_rejected, cands, start, gated.noise.noise(), ctx.cfg.gate.level)
+    if j is None:
+        return None
+    arm = raced[j - 1]
+    harness = survivors[j - 1].proposal.intervention.apply(head.harness)
+    save_harness(ctx.run_dir, harness)
+    new = head.retried() if arm.stopped else head.at(arm.branch, arm.checkpoint, arm.last_step)
+    record = Repair(
+        trial=gated.verdicts[j - 1].trial,
+        harness=harness.version,
+        closes=gated.control_rejected,
+        continues_from=new.branch,
+    )
+    return new, harness, findings_of(ctx, arm.branch, arm.last_step), record
 
 
 def remember(

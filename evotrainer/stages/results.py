@@ -204,10 +204,24 @@ class Rollback(Record):
     regression: Regression | None = None
 
 
+class Repair(Record):
+    """Nothing won and the control carries an exploit, but a raced remedy for it was valid on every run and not
+    significantly below the round's start (gate.repair): the mainline adopts that candidate's harness (`harness`)
+    instead of going back to the one that pays the exploit. Its policy continues from the candidate's checkpoint
+    (`continues_from`), or where the round started when the candidate stopped early. No gain is claimed."""
+
+    trial: str
+    harness: str
+    closes: list[str]
+    continues_from: str
+
+
 class PromoteResult(Record):
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("repaired",)
     head: Mainline
     promoted: str | None
     rejected: Rollback | None = None
+    repaired: Repair | None = None
 
 
 class RememberResult(Record):

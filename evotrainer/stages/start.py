@@ -26,7 +26,15 @@ from evotrainer.proposers.heuristic import HeuristicProposer
 from evotrainer.proposers.proposer import Proposer
 from evotrainer.skills.library import SkillLibrary, library_dir
 from evotrainer.stages.context import RunContext, StageRecords, split_heldout
-from evotrainer.stages.results import BranchRecord, FinalResult, GateResult, Mainline, StartResult, Stop
+from evotrainer.stages.results import (
+    BranchRecord,
+    FinalResult,
+    GateResult,
+    Mainline,
+    PromoteResult,
+    StartResult,
+    Stop,
+)
 from evotrainer.stages.retention import disk_use
 from evotrainer.stages.spend import lineage, spend
 from evotrainer.store.ledger import Charge, Ledger
@@ -291,6 +299,12 @@ def summary(ctx: RunContext, started: StartResult, done: FinalResult) -> dict[st
         "skill_libraries": ledger.skill_libraries(),
         "promoted": [v.trial for v in verdicts if v.decision == "promote"],
         "rejected": [v.trial for v in verdicts if v.decision == "reject"],
+        # Rejected trials whose harness the mainline took in place of one that pays an exploit (gate.repair).
+        "repaired": [
+            fix.trial
+            for r in ledger.rows("SELECT result FROM stages WHERE stage = 'promote' ORDER BY round")
+            if (fix := PromoteResult.model_validate_json(r["result"]).repaired) is not None
+        ],
         # Controls (the harness carried on) rejected for an exploit their own window carries.
         "rejected_controls": [
             {"branch": branch_id(rnd, "control"), "reasons": g.control_rejected}

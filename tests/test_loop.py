@@ -18,7 +18,7 @@ from evotrainer.diagnostics.suite import Suite
 from evotrainer.envs.registry import make_domain
 from evotrainer.errors import ConfigError
 from evotrainer.evaluation import evaluate, evaluator_hash
-from evotrainer.ids import EVAL, TRAIN, branch_id, parse_shard, rollout_id, shard_id
+from evotrainer.ids import EVAL, TRAIN, branch_id, parse_shard, rollout_id, shard_id, trial_id
 from evotrainer.loop import run_loop, run_round
 from evotrainer.policies.hf import HFPolicy
 from evotrainer.stages import race
@@ -408,6 +408,28 @@ def other_exploit_in_controls(w: Window) -> list[Finding]:
     return [finding(w, "planted_other", "critical", 1.0, 0.0, [], ("reward_weights.format",), "planted", True)]
 
 
+def paid_wrong_answers(w: Window) -> list[Finding]:
+    """A planted validity detector with a fixed bar (the suite's revision recalibrates its own detectors, not a
+    plugin): the share of rollouts the audit fails that the reward pays as much as half a right answer."""
+    paid = w.rows("SELECT id FROM rollout_stats WHERE NOT audit AND reward >= 0.5 ORDER BY id")
+    share = len(paid) / max(1, w.scalar("SELECT count(*) FROM rollout_stats WHERE NOT audit"))
+    if share <= 0.2:
+        return []
+    return [
+        finding(
+            w,
+            "paid_wrong",
+            "critical",
+            share,
+            0.2,
+            [r["id"] for r in paid[:5]],
+            ("reward_weights.format",),
+            f"{share:.0%} of the rollouts the audit fails are paid 0.5 or more",
+            True,
+        )
+    ]
+
+
 @pytest.mark.parametrize("revised", [False, True])
 def test_a_round_after_a_tainted_one_tries_its_remedy_on_that_segment_and_trains_none(tmp_path, math_setup, revised):
     """Round 1's segment carries an exploit (a planted detector finds one on every window), so the mainline stays
@@ -503,6 +525,49 @@ def test_a_control_with_another_exploit_is_no_second_sample_of_the_segment_s(tmp
     run_round(ctx, tell, 2, one)
     assert read_stage(ctx.ledger, 2, "train").branch == branch_id(2, "segment")
     ctx.ledger.close()
+
+
+def test_a_valid_remedy_for_the_controls_exploit_repairs_the_mainline_harness(tmp_path, math_setup):
+    """`format` paid as much as a right answer taints every segment and control (paid wrong answers from the first
+    step; a planted detector with a fixed bar says so, as the suite's revision would recalibrate its own detector's
+    bar between a right answer's 2.0 and a wrong one's 1.0). The planted remedy, `format` back to 0.1 with that
+    finding as its hypothesis, trains too little to win or to fall (the learning rate is tiny), so nothing is
+    promoted; but rather than go back to the harness that pays the exploit, the mainline takes the remedy's
+    (gate.repair): round 2 trains under it on a window the suite finds clean. (An unrelated move leaves the
+    rollback as it was: the rules' test.)"""
+    fix = {
+        "kind": "set_reward_weight",
+        "target": "reward_weights.format",
+        "value": 0.1,
+        "hypothesis": {"finding": "paid_wrong", "signal": "heldout/accuracy", "direction": "up"},
+    }
+    cfg = loop_config(
+        tmp_path,
+        harness={"reward_weights": {"correct": 1.0, "format": 1.0}, "optimizer": {"learning_rate": 1e-7}},
+        loop={"max_rounds": 2, "candidates": 1, "planted": [fix]},
+    )
+    from evotrainer.report.console import Narrator
+
+    ctx, head = started_with(cfg, {"paid_wrong": f"{__name__}:paid_wrong_answers"})
+    console = quiet()
+    tell = Narrator(console)
+    one, stop = run_round(ctx, tell, 1, head)
+    assert not stop.reason
+    run_round(ctx, tell, 2, one)
+    ledger = ctx.ledger
+    assert "validity:paid_wrong" in read_stage(ledger, 1, "gate").control_rejected
+    assert [v["decision"] for v in ledger.verdicts() if v["round"] == 1] == ["reject"]
+    promoted = read_stage(ledger, 1, "promote")
+    fixed = promoted.repaired
+    assert promoted.rejected is None and fixed is not None and fixed.trial == trial_id(1, 1)
+    assert promoted.head.harness.version == fixed.harness and promoted.head.harness.reward_weights["format"] == 0.1
+    cand = read_stage(ledger, 1, "trial").arm(branch_id(1, "candidate", 1))
+    assert fixed.continues_from == promoted.head.branch == ("base" if cand.stopped else cand.branch)
+    seg = read_stage(ledger, 2, "train")
+    assert seg.harness_version == fixed.harness and seg.first_step == promoted.head.step + 1
+    assert not [f.name for f in read_stage(ledger, 2, "diagnose").findings if f.validity]
+    assert "repaired: the control pays validity:paid_wrong, so the mainline takes r01-t1's" in console.file.getvalue()
+    ledger.close()
 
 
 def test_beside_a_tainted_segment_the_control_first_reads_the_policy_the_round_started_from(tmp_path, math_setup):

@@ -192,23 +192,25 @@ def test_a_head_significantly_below_the_rounds_start_rolls_back():
 
 
 def test_an_invalid_control_is_repaired_by_a_valid_remedy_for_its_exploit_that_is_not_below_the_start():
-    """Nothing won and the control pays an exploit: the mainline takes the harness of a raced candidate that
-    remedies that exploit (its hypothesis names it), carries no validity reason on any run and is not significantly
-    below the start; the best such read wins. Every other candidate leaves the rollback as it was."""
+    """Nothing won and the control pays an exploit: the mainline takes the harness of a raced candidate proposed for
+    an exploit of the round (its hypothesis names one), that carries no validity reason and has no run significantly
+    below the start; the best race read wins. Every other candidate leaves the rollback as it was."""
     noise = gate.moderated([Pair(6, 4, 120)])
     start = outcomes(set(range(30)))
-    level, bad = 0.95, ["validity:reward_audit_gap", "validity:test_tampering"]
+    level, bad = 0.95, ["validity:test_tampering"]
+    seen = {"test_tampering", "collection_errors"}  # the segment's and the control's validity findings
     near = outcomes(set(range(2, 31)))  # 1 won, 2 lost against the start: within the noise
     fell = outcomes(set(range(12)))  # 18 lost: a regression
-    fix = ("test_tampering", ["no_supported_gain"], near)
-    assert gate.repair(bad, [fix], start, noise, level) == 1
-    assert gate.repair([], [fix], start, noise, level) is None  # a valid control needs no repair
-    assert gate.repair(bad, [fix], None, noise, level) is None  # no start read: nothing to compare with
-    assert gate.repair(bad, [("plateau", ["no_supported_gain"], near)], start, noise, level) is None
-    assert gate.repair(bad, [("collection_errors", ["no_supported_gain"], near)], start, noise, level) is None
+    fix = ("collection_errors", ["no_supported_gain"], [near])  # the segment's exploit, not the control's: still one
+    assert gate.repair(bad, seen, [fix], start, noise, level) == 1
+    assert gate.repair([], seen, [fix], start, noise, level) is None  # a valid control needs no repair
+    assert gate.repair(bad, seen, [fix], None, noise, level) is None  # no start read: nothing to compare with
+    assert gate.repair(bad, seen, [("plateau", ["no_supported_gain"], [near])], start, noise, level) is None
     for reason in ("validity:test_tampering", "validity:tool_errors", *gate.INVALIDITY):
-        assert gate.repair(bad, [("test_tampering", ["not_confirmed", reason], near)], start, noise, level) is None
-    assert gate.repair(bad, [("test_tampering", ["stopped_early"], fell)], start, noise, level) is None
-    better = ("reward_audit_gap", ["not_confirmed"], outcomes(set(range(33))))
-    assert gate.repair(bad, [fix, better], start, noise, level) == 2
-    assert gate.repair(bad, [fix, fix], start, noise, level) == 1  # a tie goes to the earlier candidate
+        assert gate.repair(bad, seen, [(fix[0], ["not_confirmed", reason], [near])], start, noise, level) is None
+    assert gate.repair(bad, seen, [(fix[0], ["stopped_early"], [fell])], start, noise, level) is None
+    assert gate.repair(bad, seen, [(*fix[:2], [near, fell])], start, noise, level) is None  # a confirmation run fell
+    assert gate.repair(bad, seen, [(*fix[:2], [])], start, noise, level) is None
+    better = ("test_tampering", ["not_confirmed"], [outcomes(set(range(33)))])
+    assert gate.repair(bad, seen, [fix, better], start, noise, level) == 2
+    assert gate.repair(bad, seen, [fix, fix], start, noise, level) == 1  # a tie goes to the earlier candidate

@@ -319,17 +319,20 @@ INVALIDITY = ("reward_audit_gap_widened", "reward_up_audit_flat")
 
 def repair(
     control_invalid: list[str],
-    cands: list[tuple[str, list[str], Outcomes]],
+    exploits: set[str],
+    cands: list[tuple[str, list[str], list[Outcomes]]],
     start: Outcomes | None,
     noise: Noise,
     level: float,
 ) -> int | None:
     """Nothing won and the control carries an exploit (`control_invalid`, its `validity:NAME` reasons): the 1-based
     index of the candidate whose harness the mainline adopts instead, a repair, not a promotion; None when none
-    qualifies. Each candidate is (the finding its hypothesis names, its verdict's reasons, its gate outcomes where it
-    ended). It qualifies when it remedies one of the control's exploits, no validity reason is against it on any of
-    its runs, and it is not significantly below the policy the arms forked from (`regression`, the guard every new
-    head passes). The best read on the gate tasks wins, the earlier on a tie.
+    qualifies. Each candidate is (the finding its hypothesis names, its verdict's reasons, its gate outcomes on each
+    of its runs: the race's where it ended, then the confirmation's). It qualifies when it was proposed for the
+    exploit (its hypothesis names one of `exploits`, the validity findings of the round's segment and control: a
+    change proposed for anything else is no remedy of it, however its runs read), no validity reason is against it
+    on any run, and no run is significantly below the policy the arms forked from (`regression`, the guard every new
+    head passes). The best race read wins, the earlier on a tie.
 
     Why adopt a harness that did not win: the harness it replaces pays an exploit, so the mainline cannot train on
     under it (each segment would be thrown away), and the static run under it is what the claims cells showed
@@ -337,14 +340,14 @@ def repair(
     if not control_invalid or start is None:
         return None
     best: tuple[float, int] | None = None
-    for j, (finding, reasons, outcomes) in enumerate(cands, 1):
-        if f"validity:{finding}" not in control_invalid:
+    for j, (finding, reasons, runs) in enumerate(cands, 1):
+        if finding not in exploits:
             continue
         if any(r.startswith("validity:") or r in INVALIDITY for r in reasons):
             continue
-        if regression(outcomes, start, noise, level) is not None:
+        if not runs or any(regression(o, start, noise, level) is not None for o in runs):
             continue
-        acc = sum(outcomes.get(t, False) for t in start) / max(1, len(start))
+        acc = sum(runs[0].get(t, False) for t in start) / max(1, len(start))
         if best is None or acc > best[0]:
             best = (acc, j)
     return best[1] if best else None

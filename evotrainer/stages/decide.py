@@ -37,6 +37,7 @@ from evotrainer.stages.results import (
     Survivor,
     TrialResult,
     VerdictLine,
+    read_stage,
 )
 from evotrainer.stages.start import expect_evaluator
 from evotrainer.store.ledger import Ledger
@@ -361,12 +362,21 @@ def _repair(
     does. A candidate that stopped early leaves its policy behind: only its harness is adopted."""
     control = tried.arm(branch_id(rnd, "control"))
     raced = [a for a in tried.arms if a.role == "candidate"]
+
+    def runs(j: int, arm: ArmResult) -> list[dict[str, bool]]:
+        again = [tried.arm(branch_id(rnd, role, j)) for role in ("replicate", "second_replicate")]
+        return [arm.outcomes, *(a.outcomes for a in again if a is not None)]
+
     cands = [
-        (s.proposal.intervention.hypothesis.finding, v.reasons, a.outcomes)
-        for s, v, a in zip(survivors, gated.verdicts, raced, strict=False)
+        (s.proposal.intervention.hypothesis.finding, v.reasons, runs(j, a))
+        for j, (s, v, a) in enumerate(zip(survivors, gated.verdicts, raced, strict=False), 1)
     ]
+    # The exploits a remedy may be proposed for: the validity findings the round's proposer saw (the segment's, the
+    # revision's, those carried from the mainline's last arm) and the control's.
+    seen = read_stage(ctx.ledger, rnd, "diagnose").findings + read_stage(ctx.ledger, rnd, "revise").findings
+    exploits = set(gate.tainted(seen + head.carry + gated.control_findings))
     start = control.checkpoint_outcomes.get("0")
-    j = gate.repair(gated.control_rejected, cands, start, gated.noise.noise(), ctx.cfg.gate.level)
+    j = gate.repair(gated.control_rejected, exploits, cands, start, gated.noise.noise(), ctx.cfg.gate.level)
     if j is None:
         return None
     arm = raced[j - 1]

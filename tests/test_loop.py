@@ -568,6 +568,12 @@ def test_a_valid_remedy_for_the_controls_exploit_repairs_the_mainline_harness(tm
     assert not [f.name for f in read_stage(ledger, 2, "diagnose").findings if f.validity]
     assert "repaired: the control pays validity:paid_wrong, so the mainline takes r01-t1's" in console.file.getvalue()
     ledger.close()
+    from evotrainer.cli.main import app
+    from evotrainer.report import write_report
+
+    state = json.loads(CliRunner().invoke(app, ["status", str(tmp_path / "runs" / "t"), "--json"]).stdout)
+    assert state["repairs"] == f"r01-t1: harness {fixed.harness}"
+    assert f"the mainline takes r01-t1's harness {fixed.harness}" in write_report(tmp_path / "runs" / "t").read_text()
 
 
 def test_beside_a_tainted_segment_the_control_first_reads_the_policy_the_round_started_from(tmp_path, math_setup):

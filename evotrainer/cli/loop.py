@@ -180,6 +180,9 @@ def run_state(run: Path) -> RunState:
             )
             or "-"
         )
+        rows["repairs"] = (
+            "; ".join(f"{p.repaired.trial}: harness {p.repaired.harness}" for p in promotes if p.repaired) or "-"
+        )
         rows["verdicts"] = (
             f"{sum(v.decision == 'promote' for v in verdicts)} promoted, "
             f"{sum(v.decision == 'reject' for v in verdicts)} rejected"

@@ -214,3 +214,27 @@ def test_an_invalid_control_is_repaired_by_a_valid_remedy_for_its_exploit_that_i
     better = ("test_tampering", ["not_confirmed"], [outcomes(set(range(33)))])
     assert gate.repair(bad, seen, [fix, better], start, noise, level) == 2
     assert gate.repair(bad, seen, [fix, fix], start, noise, level) == 1  # a tie goes to the earlier candidate
+
+
+def test_a_candidate_run_significantly_below_the_start_is_a_finding_on_the_learning_rate():
+    """gate.fell: a candidate run that lost, well past the noise, tasks the start solved, while the control held (or
+    fell to its exploit), is a `heldout_regression` finding naming the learning rate, citing the held-out rollouts
+    of the tasks it lost; a run within the noise, or a control that fell without an exploit, makes none."""
+    noise = gate.moderated([Pair(6, 4, 120)])
+    start = outcomes(set(range(30)))
+    ids = {t: f"r01-c1-e000010-{i:04d}" for i, t in enumerate(start)}
+    near, fell = outcomes(set(range(2, 31))), outcomes(set(range(12)))
+    [f] = gate.fell(start, start, [(near, ids, "r01-c1", 10), (fell, ids, "r01-c1r", 11)], noise, 0.95, False)
+    assert (f.name, f.knobs, f.validity, f.branch, f.last_step) == (
+        "heldout_regression",
+        ("optimizer.learning_rate",),
+        False,
+        "r01-c1r",
+        11,
+    )
+    assert f.value == pytest.approx(12 / 120 - 30 / 120)
+    assert f.evidence == tuple(ids[f"t{i:03d}"] for i in range(12, 17))  # the first tasks it lost, by id
+    assert gate.fell(start, start, [(near, ids, "r01-c1", 10)], noise, 0.95, False) == []
+    assert gate.fell(None, start, [(fell, ids, "r01-c1", 10)], noise, 0.95, False) == []
+    assert gate.fell(start, fell, [(fell, ids, "r01-c1", 10)], noise, 0.95, False) == []  # the control fell too
+    assert gate.fell(start, fell, [(fell, ids, "r01-c1", 10)], noise, 0.95, True)  # ... to the exploit it carries

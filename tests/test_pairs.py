@@ -184,3 +184,26 @@ def test_the_loop_trials_the_pair_the_round_after_the_single_change_failed(tmp_p
     assert {p for p, *_ in diff(before, child)} == {"sampling.temperature", "optimizer.learning_rate"}
     assert any(v["trial"] == trial["id"] for v in ctx.ledger.verdicts())  # one verdict on the pair
     ctx.ledger.close()
+
+
+def test_a_remedy_whose_run_fell_below_the_start_comes_back_with_half_the_step():
+    """SWE's regrade at the naive learning rate fell below where its arms forked (gate.fell's heldout_regression
+    on its verdict): while the exploit it answered stands, the next proposal is the regrade with the learning rate
+    halved, the catalog's remedy for that finding, as one hypothesis."""
+    h = Harness(reward_weights={"tests": 1.0, "format": 0.1}, optimizer={"learning_rate": 5e-4})
+    regrade = Intervention(
+        kind="replace_reward_term",
+        target="reward_weights.tests",
+        value="tests_restored",
+        hypothesis=Hypothesis(finding="collection_errors", signal="heldout/accuracy", direction="up"),
+    )
+    fell = _finding("heldout_regression", ("optimizer.learning_rate",), "critical")
+    exploit = _finding("collection_errors", ("reward_weights.tests",), "critical")
+    brief = Brief("t", 2, "swe", h, [exploit], (), history=[_past(1, regrade, h.version, (fell,))])
+    [pair] = pairs(brief, candidates_for)
+    assert (pair.target, pair.value) == ("reward_weights.tests", "tests_restored")
+    assert pair.paired.target == "optimizer.learning_rate" and pair.paired.value == pytest.approx(2.5e-4)
+    assert "heldout_regression" in pair.hypothesis.rationale and pair.hypothesis.finding == "collection_errors"
+    # Without the finding on its trial, the regrade does not come back paired.
+    alone = Brief("t", 2, "swe", h, [exploit], (), history=[_past(1, regrade, h.version, ())])
+    assert pairs(alone, candidates_for) == []

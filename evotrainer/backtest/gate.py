@@ -375,6 +375,45 @@ def regression(head: Outcomes, start: Outcomes | None, noise: Noise, level: floa
     )
 
 
+def fell(
+    start: Outcomes | None,
+    control: Outcomes,
+    runs: list[tuple[Outcomes, dict[str, str], str, int]],
+    noise: Noise,
+    level: float,
+    exploit: bool,
+) -> list[Finding]:
+    """What the gate saw on a candidate besides its window: a `heldout_regression` finding where one of its runs is
+    significantly below the policy the arms forked from on the gate tasks (`regression`) while the control did not
+    fall (or fell to the exploit it carries, `exploit`), naming the learning rate: a change that leaves the start's
+    skills behind within a trial took steps too large for it (SWE's regrade at the naive 5e-4, where the hand-tuned
+    reference runs 2e-4). Each run is (its gate outcomes, its held-out rollout id by gate task, its branch, its last
+    step); the evidence is the rollouts of tasks the start solved and the run lost. proposers/
+    pairs.py reads it as a finding the change's own trial carried, and pairs the change with a smaller step."""
+    if start is None or (not exploit and regression(control, start, noise, level) is not None):
+        return []
+    for outcomes, ids, branch, last in runs:
+        if (reg := regression(outcomes, start, noise, level)) is None:
+            continue
+        lost = [ids[t] for t in start if start[t] and not outcomes.get(t) and t in ids]
+        return [
+            Finding(
+                name="heldout_regression",
+                severity="critical",
+                value=reg.head_accuracy - reg.start_accuracy,
+                threshold=1.0 - level,
+                evidence=tuple(lost[:5]),
+                knobs=("optimizer.learning_rate",),
+                message=f"{branch} read {reg.head_accuracy:.3f} on the gate tasks against {reg.start_accuracy:.3f} "
+                f"where the arms forked ({reg.wins} won, {reg.losses} lost, p {reg.p:.3g}): the change's steps left "
+                "what the policy knew behind",
+                branch=branch,
+                last_step=last,
+            )
+        ]
+    return []
+
+
 # A candidate past the first checkpoint stops only when it is behind with this one-sided sign-test p: a
 # real gain can trail for a while (on benchmarks/gate_calibration.py's arms a learning-rate fix did).
 BEHIND_P = 0.1

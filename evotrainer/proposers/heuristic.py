@@ -259,6 +259,17 @@ CATALOG: dict[str, list[Remedy]] = {
             "tighter gradient clipping bounds each update",
         ),
     ],
+    # The gate's finding on a candidate run that fell significantly below the start (stages/decide.py _fell).
+    "heldout_regression": [
+        Remedy(
+            "set_knob",
+            "optimizer.learning_rate",
+            scale("optimizer.learning_rate", 0.5, 1e-7, 1e-2),
+            ACC,
+            "up",
+            "a change whose runs fell below the start within a trial took steps too large for it: halve the step",
+        ),
+    ],
     "nonfinite": [
         Remedy(
             "set_knob",

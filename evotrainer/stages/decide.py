@@ -104,7 +104,8 @@ def gate_stage(
         tid = trial_id(rnd, j)
         trials.append(_trial_record(tid, rnd, cand, control, survivor, sig))
         line = own_line if j == tried.finalist and own_line else noise.line()
-        verdicts.append(_verdict(ctx, tid, rnd, cand, control, stat, reasons + invalid, line, ev.findings))
+        fell = _fell(ctx, rnd, tried, j, control, noise.noise(), level, bool(exploits[0]))
+        verdicts.append(_verdict(ctx, tid, rnd, cand, control, stat, reasons + invalid, line, ev.findings + fell))
         lines.append(
             VerdictLine(trial=tid, decision=verdicts[-1].decision, reasons=verdicts[-1].reasons, delta=stat.delta)
         )
@@ -115,6 +116,27 @@ def gate_stage(
         control_rejected=gate.invalid_reasons(ctrl_ev.findings),
         verdicts=lines,
     ), StageRecords(trials=trials, verdicts=verdicts)
+
+
+def _fell(
+    ctx: RunContext,
+    rnd: int,
+    tried: TrialResult,
+    j: int,
+    control: ArmResult,
+    noise: Noise,
+    level: float,
+    exploit: bool,
+) -> list[Finding]:
+    """gate.fell over candidate j's runs (the race's, then the confirmation's)."""
+    runs = [tried.arm(branch_id(rnd, role, j)) for role in ("candidate", "replicate", "second_replicate")]
+    ids = {t: i for i, t in enumerate(ctx.gate_ids)}
+    named = [
+        (r.outcomes, {t: rollout_id(r.branch, r.last_step, i, EVAL) for t, i in ids.items()}, r.branch, r.last_step)
+        for r in runs
+        if r is not None
+    ]
+    return gate.fell(control.checkpoint_outcomes.get("0"), control.outcomes, named, noise, level, exploit)
 
 
 def with_history(ledger: Ledger, head: Mainline, rnd: int) -> Mainline:

@@ -384,7 +384,8 @@ def fell(
     exploit: bool,
 ) -> list[Finding]:
     """What the gate saw on a candidate besides its window: a `heldout_regression` finding where one of its runs is
-    significantly below the policy the arms forked from on the gate tasks (`regression`) while the control did not
+    significantly below the policy the arms forked from on the gate tasks (`regression`, at the regression guard's
+    gate.level, not a raced round's share of the run's error rate: it promotes nothing) while the control did not
     fall (or fell to the exploit it carries, `exploit`), naming the learning rate: a change that leaves the start's
     skills behind within a trial took steps too large for it (SWE's regrade at the naive 5e-4, where the hand-tuned
     reference runs 2e-4). Each run is (its gate outcomes, its held-out rollout id by gate task, its branch, its last

@@ -104,7 +104,7 @@ def gate_stage(
         tid = trial_id(rnd, j)
         trials.append(_trial_record(tid, rnd, cand, control, survivor, sig))
         line = own_line if j == tried.finalist and own_line else noise.line()
-        fell = _fell(ctx, rnd, tried, j, control, noise.noise(), level, bool(exploits[0]))
+        fell = _fell(ctx, rnd, tried, j, control, noise.noise(), cfg.gate.level, bool(exploits[0]))
         verdicts.append(_verdict(ctx, tid, rnd, cand, control, stat, reasons + invalid, line, ev.findings + fell))
         lines.append(
             VerdictLine(trial=tid, decision=verdicts[-1].decision, reasons=verdicts[-1].reasons, delta=stat.delta)

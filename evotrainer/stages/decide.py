@@ -104,8 +104,10 @@ def gate_stage(
         tid = trial_id(rnd, j)
         trials.append(_trial_record(tid, rnd, cand, control, survivor, sig))
         line = own_line if j == tried.finalist and own_line else noise.line()
+        # First on the verdict: proposers/pairs.py pairs a change by its findings in order, and a fall on the gate
+        # tasks is measured where the window's findings are symptoms (swe_short seed 2: turn_cap came first).
         fell = _fell(ctx, rnd, tried, j, control, noise.noise(), cfg.gate.level, bool(exploits[0]))
-        verdicts.append(_verdict(ctx, tid, rnd, cand, control, stat, reasons + invalid, line, ev.findings + fell))
+        verdicts.append(_verdict(ctx, tid, rnd, cand, control, stat, reasons + invalid, line, fell + ev.findings))
         lines.append(
             VerdictLine(trial=tid, decision=verdicts[-1].decision, reasons=verdicts[-1].reasons, delta=stat.delta)
         )

@@ -75,11 +75,13 @@ def trial(
         cfg.gate.aa_control == "round" or (cfg.gate.aa_control == "promotion" and head.aa_due)
     )
     full, confirms = per_step * steps, cfg.gate.statistic == "two_stage"
-    # On a segment read again (Mainline.exploited) the mainline cannot train until a remedy wins, so the run's later
-    # parts the pacing keeps trials for would never come: the whole share is open; and a control alone would be a
+    # On a segment read again (Mainline.exploited) the mainline cannot train until a remedy wins or repairs its
+    # harness, so the run's later parts the pacing keeps trials for would never come, and the tokens the share keeps
+    # for mainline training could only go unspent: the whole budget is open to the remedies (swe_short at 300k: the
+    # regrade with half the step did not fit 0.6 of it after the regrade alone fell). And a control alone would be a
     # third sample of an exploit two have shown, so where no remedy fits, the trial (and the run) ends.
     again = head.exploited is not None
-    k, note = _affordable(ctx, kept, len(survivors), full, aa_due, confirms, paced=not again)
+    k, note = _affordable(ctx, kept, len(survivors), full, aa_due, confirms, paced=not again, whole=again)
     if again and not k:
         why = f"{note}: no remedy fits" if survivors else "no remedy is left to try"
         return TrialResult(
@@ -108,7 +110,7 @@ def trial(
     arms = [control, *raced]
     j = None
     if k and confirms:
-        j, note = _finalist(ctx, head, control, raced, k, kept, 3 * full, note)
+        j, note = _finalist(ctx, head, control, raced, k, kept, 3 * full, note, whole=again)
     if j is not None:
         confirm = [
             spec("replicate", "replicate", harnesses[j - 1], j),
@@ -128,15 +130,22 @@ def trial(
 
 
 def _affordable(
-    ctx: RunContext, kept: set[str], n: int, full: int, aa_due: bool, confirms: bool, paced: bool = True
+    ctx: RunContext,
+    kept: set[str],
+    n: int,
+    full: int,
+    aa_due: bool,
+    confirms: bool,
+    paced: bool = True,
+    whole: bool = False,
 ) -> tuple[int, str]:
     """How many of the round's `n` candidates race (race_size under the share, paced over the run's parts unless
-    `paced` is False), and a note when fewer."""
+    `paced` is False; under the whole token budget where `whole`), and a note when fewer."""
     racing = bool(ctx.cfg.loop.race_checkpoints)
-    k = race_size(n, full, racing, aa_due, confirms, _fits(ctx, kept, paced=paced))
+    k = race_size(n, full, racing, aa_due, confirms, _fits(ctx, kept, paced=paced, whole=whole))
     if k == n:
         return k, ""
-    note = f"{k} of {n} candidate(s) within loop.max_trial_share"
+    note = f"{k} of {n} candidate(s) within {'the token budget' if whole else 'loop.max_trial_share'}"
     if paced and k < (whole := race_size(n, full, racing, aa_due, confirms, _fits(ctx, kept, paced=False))):
         note += f" as paced by loop.trial_phases={ctx.cfg.loop.trial_phases} ({whole} within the whole share)"
     return k, note
@@ -224,6 +233,7 @@ def _finalist(
     kept: set[str],
     confirm_tokens: int,
     note: str,
+    whole: bool = False,
 ) -> tuple[int | None, str]:
     """The race's best, if it is worth a confirmation and the confirmation fits loop.max_trial_share (with
     this round's other racers, which end discarded whatever the gate says, counted in)."""
@@ -233,12 +243,12 @@ def _finalist(
     if j is None:
         return None, note
     losers = sum(a.generated_tokens + a.eval_tokens for i, a in enumerate(raced, 1) if i != j)
-    if not _fits(ctx, kept, paced=False)(0, confirm_tokens + losers):
+    if not _fits(ctx, kept, paced=False, whole=whole)(0, confirm_tokens + losers):
         return None, "; ".join(x for x in (note, "the confirmation would pass loop.max_trial_share") if x)
     return j, note
 
 
-def _fits(ctx: RunContext, kept: set[str], paced: bool):
+def _fits(ctx: RunContext, kept: set[str], paced: bool, whole: bool = False):
     """`fits(race, confirm)`: whether a race of `race` more discarded tokens, with `confirm` kept back for the
     confirmation its winner would need, keeps the arms that end discarded within loop.max_trial_share of the
     token budget, paced over loop.trial_phases (`paced`: within the portion the run's part has reached). A
@@ -246,7 +256,8 @@ def _fits(ctx: RunContext, kept: set[str], paced: bool):
     cost more than its estimate (a loser that ran its length) is still confirmed rather than wasted. Without a
     token budget there is no total to take a share of: a share of the spend so far would forbid every
     confirmable trial in the early rounds (round 1 has spent one segment), so the share does not bind and the
-    other budgets bound the trials."""
+    other budgets bound the trials. `whole`: the whole token budget stands for the share (a mainline that cannot
+    train, see trial)."""
     cfg = ctx.cfg
     cap = cfg.budget.generated_tokens
 
@@ -254,7 +265,7 @@ def _fits(ctx: RunContext, kept: set[str], paced: bool):
         if not cap:
             return True
         left = race_allowance(
-            cfg.loop.max_trial_share * cap,
+            (1.0 if whole else cfg.loop.max_trial_share) * cap,
             spend(ctx.ledger, kept).tokens_discarded,
             confirm,
             ctx.ledger.spent().generated_tokens,

@@ -161,6 +161,51 @@ def test_the_trial_share_cap_cuts_the_candidates_a_round_may_race(tmp_path, math
     ledger.close()
 
 
+def exploit_on_every_window(w: Window) -> list[Finding]:
+    """A planted validity detector: an exploit on every window, so the segment is tainted and the control carries
+    it again."""
+    return [finding(w, "planted_exploit", "critical", 1.0, 0.0, [], ("reward_weights.format",), "planted", True)]
+
+
+def test_a_segment_read_again_opens_the_whole_budget_to_its_remedy(tmp_path, math_setup):
+    """Round 1 races nothing beside its control (1% of the budget holds no candidate), and the control carries the
+    segment's exploit again. Round 2 reads that segment again: the mainline cannot train until a remedy wins or
+    repairs it, so the share's remainder could only go unspent, and the remedy races under the whole budget."""
+    from conftest import started_with
+    from evotrainer.loop import run_round
+    from evotrainer.report.console import Narrator
+
+    move = {
+        "kind": "set_knob",
+        "target": "optimizer.learning_rate",
+        "value": 1e-3,
+        "hypothesis": {"finding": "explore", "signal": "heldout/accuracy", "direction": "up"},
+    }
+    cfg = small_config(
+        tmp_path,
+        loop={
+            "segment_steps": 2,
+            "trial_steps": 2,
+            "candidates": 1,
+            "max_rounds": 2,
+            "skills_dir": str(tmp_path / "skills"),
+            "max_trial_share": 0.01,
+            "planted": [move],
+        },
+        budget={"generated_tokens": 200_000},
+    )
+    ctx, head = started_with(cfg, {"planted_exploit": f"{__name__}:exploit_on_every_window"})
+    tell = Narrator(Console(file=io.StringIO()))
+    one, stop = run_round(ctx, tell, 1, head)
+    first = read_stage(ctx.ledger, 1, "trial")
+    assert [a.role for a in first.arms] == ["control"] and "within loop.max_trial_share" in first.note
+    assert one.exploited is not None and not stop.reason
+    run_round(ctx, tell, 2, one)
+    second = read_stage(ctx.ledger, 2, "trial")
+    assert "candidate" in [a.role for a in second.arms] and "max_trial_share" not in second.note, second.note
+    ctx.ledger.close()
+
+
 def test_a_round_races_only_candidates_whose_winner_it_could_also_confirm():
     # One arm is 100 tokens: a racer is charged 50, an A-A arm 100, a confirmation 300.
     allow = lambda cap: lambda race, confirm: race + confirm <= cap  # noqa: E731

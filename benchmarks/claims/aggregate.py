@@ -96,8 +96,26 @@ def over_base(by: dict[Key, Cell], domain: str) -> dict[str, Any]:
     return out
 
 
+def loop_vs_reference(by: dict[Key, Cell], domain: str) -> dict[str, Any] | None:
+    """The loop from the default against the static reference on the seeds with both cells (at least two), for a
+    domain whose other main arms were not run (swe_short_300k: a budget variant measured for that claim alone)."""
+    ref = "static_reference"
+    seeds = sorted(s for (d, a, s) in by if (d, a) == (domain, "loop_default") and (domain, ref, s) in by)
+    if len(seeds) < 2:
+        return None
+    loop, static = [by[domain, "loop_default", s] for s in seeds], [by[domain, ref, s] for s in seeds]
+    interval = paired_interval([c.outcomes for c in loop], [c.outcomes for c in static])
+    return {
+        "seeds": seeds,
+        "loop_default": [c.accuracy for c in loop],
+        ref: [c.accuracy for c in static],
+        "loop_default_vs_reference": interval.model_dump(mode="json"),
+    }
+
+
 def aggregate(cells: list[Cell]) -> dict[str, Any]:
-    """claims.json's content: per domain with a full seed, its DomainClaims; then `skills` if any warm run;
+    """claims.json's content: per domain with a full seed, its DomainClaims; `partial`: for a domain without one,
+    the loop from the default against the reference where two seeds have both; then `skills` if any warm run;
     `over_base`: each arm against the untrained base, wherever two seeds have both (complete or not)."""
     by = {(c.domain, c.arm, c.seed): c for c in cells}
     out: dict[str, Any] = {}
@@ -106,6 +124,9 @@ def aggregate(cells: list[Cell]) -> dict[str, Any]:
         full = [s for s in seeds if all((domain, a, s) in by for a in MAIN_ARMS)]
         if full:
             out[domain] = domain_claims(by, domain, full).model_dump(mode="json")
+    partial = {d: o for d in DOMAINS if d not in out and (o := loop_vs_reference(by, d))}
+    if partial:
+        out["partial"] = partial
     bases = {d: o for d in DOMAINS if (o := over_base(by, d))}
     if bases:
         out["over_base"] = bases

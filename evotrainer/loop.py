@@ -146,9 +146,10 @@ def run_round(ctx: RunContext, tell: Narrator, rnd: int, head: Mainline) -> tupl
     tell.trial(tried, head.branch, taint)
     if tried.abandoned:  # the mainline keeps the segment unless it is tainted (an exploit is never built on: it
         # stays where the round started, and the next round trains a segment of its own on other seeds); while
-        # tokens are left, the next round's segment trains on them, else the run ends here
+        # tokens are left, the next round's segment trains on them, else the run ends here (as it does on a segment
+        # read again: its next segment would be a third sample of the exploit)
         end = head.retried() if taint else head.at(seg.branch, seg.checkpoint, seg.last_step)
-        go_on = tried.cap == "generated_tokens" and tokens_left(ctx)
+        go_on = tried.cap == "generated_tokens" and tokens_left(ctx) and head.exploited is None
         return end, Stop() if go_on else Stop(reason=tried.abandoned or "", cap=tried.cap)
     # -- 7. gate: a paired win beyond the A-A noise, no validity finding against it -------------------------------
     gated = stage(

@@ -224,6 +224,10 @@ def test_a_segment_read_again_opens_the_whole_budget_to_its_remedy(tmp_path, mat
     refused, _ = race.trial(tight, 3, one, seg, survivors, ["planted_exploit"], one.suite)
     assert not refused.arms and re.match(r"budget.generated_tokens would be exceeded by [56] arm", refused.abandoned)
     assert ctx.ledger.spent().generated_tokens == spent
+    # In the loop, that refusal ends the run: a next segment would be a third sample of the exploit.
+    _, stop = run_round(tight, tell, 3, one)
+    assert read_stage(ctx.ledger, 3, "trial").abandoned.startswith("budget.generated_tokens would be exceeded")
+    assert stop.reason.startswith("budget.generated_tokens would be exceeded") and stop.cap == "generated_tokens"
     ctx.ledger.close()
 
 

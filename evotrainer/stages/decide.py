@@ -130,15 +130,19 @@ def _fell(
     level: float,
     exploit: bool,
 ) -> list[Finding]:
-    """gate.fell over candidate j's runs (the race's, then the confirmation's)."""
-    runs = [tried.arm(branch_id(rnd, role, j)) for role in ("candidate", "replicate", "second_replicate")]
+    """gate.fell over candidate j's runs."""
     ids = {t: i for i, t in enumerate(ctx.gate_ids)}
     named = [
         (r.outcomes, {t: rollout_id(r.branch, r.last_step, i, EVAL) for t, i in ids.items()}, r.branch, r.last_step)
-        for r in runs
-        if r is not None
+        for r in _runs(tried, rnd, j)
     ]
     return gate.fell(control.checkpoint_outcomes.get("0"), control.outcomes, named, noise, level, exploit)
+
+
+def _runs(tried: TrialResult, rnd: int, j: int) -> list[ArmResult]:
+    """Candidate j's runs that the trial trained: the race's, then the confirmation's."""
+    arms = [tried.arm(branch_id(rnd, role, j)) for role in ("candidate", "replicate", "second_replicate")]
+    return [a for a in arms if a is not None]
 
 
 def with_history(ledger: Ledger, head: Mainline, rnd: int) -> Mainline:
@@ -387,13 +391,9 @@ def _repair(
     control = tried.arm(branch_id(rnd, "control"))
     raced = [a for a in tried.arms if a.role == "candidate"]
 
-    def runs(j: int, arm: ArmResult) -> list[dict[str, bool]]:
-        again = [tried.arm(branch_id(rnd, role, j)) for role in ("replicate", "second_replicate")]
-        return [arm.outcomes, *(a.outcomes for a in again if a is not None)]
-
     cands = [
-        (s.proposal.intervention.hypothesis.finding, v.reasons, runs(j, a))
-        for j, (s, v, a) in enumerate(zip(survivors, gated.verdicts, raced, strict=False), 1)
+        (s.proposal.intervention.hypothesis.finding, v.reasons, [r.outcomes for r in _runs(tried, rnd, j)])
+        for j, (s, v) in enumerate(zip(survivors, gated.verdicts, strict=False), 1)
     ]
     # The exploits a remedy may be proposed for: the validity findings the round's proposer saw (the segment's, the
     # revision's, those carried from the mainline's last arm) and the control's.

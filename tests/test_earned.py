@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 from rich.console import Console
 
 from conftest import small_config
+from evotrainer.cli.loop import run_state
 from evotrainer.loop import run_loop
 from evotrainer.skills.library import SkillLibrary
 from evotrainer.stages.results import read_stage
@@ -103,6 +105,8 @@ def test_a_promotion_earned_in_a_trial_moves_the_mainline_becomes_a_skill_and_is
     assert won.harness == applied_to
     assert skill.lineage["run"] == "first" and skill.lineage["source"] == "llm"
 
+    shutil.copytree(skills, tmp_path / "skills-adopt")  # the library as the first run left it, for the third
+
     # A second run with the same library and the heuristic proposer: same seed, same round-1 signature, so
     # the earned skill is proposed before anything else, trialled, and its verdict added to its evidence.
     run_loop(_cfg(tmp_path, "second", skills), QUIET)
@@ -120,3 +124,27 @@ def test_a_promotion_earned_in_a_trial_moves_the_mainline_becomes_a_skill_and_is
     # Its record says where it was reused and what it bought there.
     [reuse] = again.reuses
     assert reuse.run == "second" and reuse.effect is not None
+
+    # A third run with the first run's library and loop.adopt_skills: the skill won from this very harness, in this
+    # domain with this model, so the run starts under it without a trial. The harness it starts under is the one the
+    # first run promoted, version for version (the same content, the same parent).
+    run_loop(_cfg(tmp_path, "third", tmp_path / "skills-adopt", adopt_skills=True), QUIET)
+    third = Ledger(tmp_path / "runs" / "third" / "ledger.sqlite")
+    try:
+        started = read_stage(third, 0, "start")
+        [adopted] = started.adopted
+        assert adopted.skill == skill.id and adopted.won == [f"first/{trial['id']}"]
+        assert (adopted.harness_from, adopted.harness_to) == (applied_to, promoted.head.harness.version)
+        [base] = [b for b in third.branches() if b["id"] == started.head.branch]
+        assert base["harness_version"] == promoted.head.harness.version
+        # The round's segment trained under it, and the skill is not proposed again: the harness holds its value.
+        assert read_stage(third, 1, "train").harness_version == promoted.head.harness.version
+        assert skill.id not in [p.skill_id for p in read_stage(third, 1, "propose").proposals]
+    finally:
+        third.close()
+    [record] = [e for e in SkillLibrary(tmp_path / "skills-adopt").get(skill.id).evidence if e.run == "third"]
+    assert (record.decision, record.reused, record.harness) == ("adopt", True, applied_to)
+    summary = json.loads((tmp_path / "runs" / "third" / "summary.json").read_text())
+    assert summary["adopted"] == [f"{skill.id}: {adopted.intervention.describe()}"]
+    assert run_state(tmp_path / "runs" / "third").rows["adopted skills"].startswith(skill.id)
+    assert run_state(tmp_path / "runs" / "first").rows["adopted skills"] == "-"  # off by default

@@ -368,3 +368,32 @@ def test_truncation_in_a_multi_turn_harness_may_cut_observations():
     assert ("multi_turn.max_observation_tokens", 64) in multi
     halved = proposals(Harness(multi_turn={"max_turns": 8, "max_observation_tokens": 64}))
     assert ("multi_turn.max_observation_tokens", 32) in halved
+
+
+def test_only_a_skill_won_in_this_very_context_is_adopted_and_a_chain_is_adopted_in_order(tmp_path):
+    """SkillLibrary.adoptable: the same domain, model and harness version, more wins than losses there."""
+    lib, h = SkillLibrary(tmp_path), Harness(optimizer={"learning_rate": 1e-4})
+
+    def won(trial: str, iv: Intervention, at: Harness, decision="promote", domain="math", model="tiny"):
+        ev = Evidence(
+            run="r1", round=1, trial=trial, decision=decision, domain=domain, model=model, harness=at.version
+        )
+        lib.record(iv.bind(at), ev, source="catalog", create=True)
+
+    other = Harness(optimizer={"learning_rate": 1e-4}, sampling={"temperature": 0.7})
+    won("t1", LR_UP, other)  # won from another harness
+    won("t2", LR_UP, h, domain="code")  # in another domain
+    won("t3", LR_UP, h, model="Qwen2.5-0.5B")  # with another model
+    assert lib.adoptable("math", "tiny", h) is None
+    won("t4", LR_UP, h)
+    assert lib.adoptable("math", "tiny", h).target == "optimizer.learning_rate"
+    won("t5", LR_UP, h, decision="reject")  # as many losses as wins here: not proven
+    assert lib.adoptable("math", "tiny", h) is None
+    won("t6", LR_UP, h)
+    child = lib.adoptable("math", "tiny", h).instantiate(h).bind(h).apply(h)
+    assert lib.adoptable("math", "tiny", child) is None  # it holds the value now, and nothing won from it
+    # The next link of a chain: a skill won from the harness the first one made.
+    temp = Intervention(kind="set_knob", target="sampling.temperature", value=0.7, hypothesis=LR_UP.hypothesis)
+    won("t7", temp, child)
+    assert lib.adoptable("math", "tiny", child).target == "sampling.temperature"
+    assert lib.adoptable("math", "tiny", h).target == "optimizer.learning_rate"

@@ -6,7 +6,8 @@ gate evaluations all count against it; a static arm spends all of it on training
 - static_default: the domain's example config (examples/<domain>.yaml), trained unchanged;
 - static_reference: the human-engineered reference (examples/reference/<domain>.yaml), trained unchanged;
 - loop_default / loop_reference: the co-evolution loop started from each, with an empty skill library;
-- loop_default_warm: loop_default again, starting with the skill library loop_default left (skills);
+- loop_default_warm: loop_default again, starting with the skill library loop_default left and
+  loop.adopt_skills on (what loop_default won from the same start is adopted there without a trial) (skills);
 - planted: a three-round loop from the default with invalid interventions planted, one a round;
 - base: the warm-started policy untrained, for scale.
 

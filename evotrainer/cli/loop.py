@@ -167,6 +167,9 @@ def run_state(run: Path) -> RunState:
             f"pruning freed {human(disk.pruned_bytes)} (run.keep_checkpoints={cfg.run.keep_checkpoints})"
         )
         rows["skill library"] = ", ".join(ledger.skill_libraries()) or "-"
+        opened = read_stage(ledger, 0, "start")
+        adopted = opened.adopted if isinstance(opened, StartResult) else None
+        rows["adopted skills"] = "; ".join(f"{a.skill}: {a.intervention.describe()}" for a in adopted or []) or "-"
         promotes = [
             PromoteResult.model_validate_json(r["result"])
             for r in ledger.rows("SELECT result FROM stages WHERE stage = 'promote' ORDER BY round")

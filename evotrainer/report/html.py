@@ -79,6 +79,13 @@ def _summary(run_dir: Path, ledger: Ledger) -> list[str]:
         )
         if summary.get("cut_by_seconds"):
             parts.append(f'<p class="reject">{_e(seconds_cut_note(summary["rounds"]))}.</p>')
+        if summary.get("adopted"):
+            parts.append(
+                "<p>Started under skills adopted from the library without a trial (loop.adopt_skills; each won in "
+                "this domain, model and harness before; no gain claimed): "
+                + "; ".join(_e(a) for a in summary["adopted"])
+                + ".</p>"
+            )
         if "warm_start_seconds" in summary:
             parts.append(
                 f"<p>Warm start (building or loading the starting policy; cached, outside the budget): "

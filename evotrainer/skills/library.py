@@ -53,7 +53,7 @@ class Evidence(BaseModel):
     round: int
     trial: str
     decision: str
-    """promote or reject."""
+    """promote or reject (a trial's verdict), or adopt (a run started under it: `adoptable`)."""
     effect: float | None = None
     """Candidate minus control held-out accuracy (gate tasks)."""
     domain: str = ""
@@ -249,6 +249,27 @@ class SkillLibrary:
             )
         )
         return [m for _, m in out]
+
+    def adoptable(self, domain: str, model: str, h: Harness) -> Skill | None:
+        """The skill a run starting under harness h adopts without a trial (loop.adopt_skills), if any: one that
+        won more trials than it lost in this very context (the same domain and model, applied to h itself, whose
+        version hashes its content and lineage). Its trigger recurring is then not a guess: the same start has
+        shown it. Best first: net wins there, then its mean effect, then its id. Where h already holds its
+        value, or has no such knob, it is not offered."""
+        best = None
+        for s in self.all():
+            here = [e for e in s.evidence if (e.domain, e.model, e.harness) == (domain, model, h.version)]
+            net = sum(e.decision == "promote" for e in here) - sum(e.decision == "reject" for e in here)
+            if net <= 0:
+                continue
+            try:
+                s.instantiate(h).apply(h)
+            except (AttributeError, KeyError, TypeError, ValueError):
+                continue
+            key = (net, s.mean_effect, s.id)
+            if best is None or key > best[0]:
+                best = (key, s)
+        return None if best is None else best[1]
 
     def export(self, dest: str | Path) -> int:
         skills = self.all()

@@ -98,12 +98,27 @@ class BranchRecord(Record):
         )
 
 
+class Adoption(Record):
+    """A skill the run started under without a trial (loop.adopt_skills, SkillLibrary.adoptable): what it set,
+    the harness version it was applied to and the one it made, and the trials that won it in this context."""
+
+    skill: str
+    intervention: Intervention
+    harness_from: str
+    harness_to: str
+    won: list[str]
+    """`run/trial` of each win in this context (the same domain, model and harness version)."""
+
+
 class StartResult(Record):
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("adopted",)
     head: Mainline
     final_accuracy: float
     evaluator_hash: str
     warm_start_seconds: float = 0.0
     """Building (or loading) the starting policy: a one-time cost, cached across runs, kept out of the budget."""
+    adopted: list[Adoption] | None = None
+    """The skills adopted at the start, in order (None where loop.adopt_skills is off or none qualified)."""
 
 
 class DiagnoseResult(Record):

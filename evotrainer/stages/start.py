@@ -17,16 +17,17 @@ from evotrainer.diagnostics.suite import Suite
 from evotrainer.envs.registry import make_domain, warm_start_key
 from evotrainer.errors import ConfigError, EvaluatorChanged
 from evotrainer.evaluation import evaluate, evaluator_identity, identity_hash, record_eval, what_changed
-from evotrainer.harness.harness import save_harness
+from evotrainer.harness.harness import Harness, save_harness
 from evotrainer.harness.rewards import check_terms
 from evotrainer.ids import branch_id, final_branch
 from evotrainer.policies import check_device, check_policy_path, load_policy, placement
 from evotrainer.policies.hf import HFPolicy
 from evotrainer.proposers.heuristic import HeuristicProposer
 from evotrainer.proposers.proposer import Proposer
-from evotrainer.skills.library import SkillLibrary, library_dir
+from evotrainer.skills.library import Evidence, SkillLibrary, library_dir, model_name
 from evotrainer.stages.context import RunContext, StageRecords, split_heldout
 from evotrainer.stages.results import (
+    Adoption,
     BranchRecord,
     FinalResult,
     GateResult,
@@ -224,15 +225,16 @@ def start(ctx: RunContext, say: Any) -> tuple[StartResult, StageRecords]:
     ev = evaluate(policy, ctx.domain, ctx.heldout(ctx.final_ids), cfg.eval)
     record_eval(ctx.store, cfg.harness, ctx.domain, ev, 0, StepContext(cfg.run.name, base, cfg.run.seed))
     save_harness(ctx.run_dir, cfg.harness)
+    harness, adopted = adopt(ctx, cfg.harness, say) if cfg.loop.adopt_skills else (cfg.harness, [])
     suite = Suite.default()
-    head = Mainline(branch=base, checkpoint=str(ckpt), harness=cfg.harness, suite=suite, step=0)
+    head = Mainline(branch=base, checkpoint=str(ckpt), harness=harness, suite=suite, step=0)
     row = BranchRecord(
         id=head.branch,
         parent=None,
         round=0,
         kind="base",
         checkpoint=str(ckpt),
-        harness_version=cfg.harness.version,
+        harness_version=harness.version,
         suite_version=suite.version,
         first_step=0,
         last_step=0,
@@ -240,13 +242,47 @@ def start(ctx: RunContext, say: Any) -> tuple[StartResult, StageRecords]:
         heldout_accuracy=None,
     )
     return (
-        StartResult(head=head, final_accuracy=ev.accuracy, evaluator_hash=ev.evaluator_hash, warm_start_seconds=warm),
+        StartResult(
+            head=head,
+            final_accuracy=ev.accuracy,
+            evaluator_hash=ev.evaluator_hash,
+            warm_start_seconds=warm,
+            adopted=adopted or None,
+        ),
         # The warm start is built once and cached for every later run: its seconds stay out of budget.seconds
         # (a slow machine would otherwise lose rounds to it), and the summary reports them on their own.
         StageRecords(
             branches=[row], charges={"eval": Charge(sum(e.action_tokens for e in ev.episodes))}, uncharged_seconds=warm
         ),
     )
+
+
+def adopt(ctx: RunContext, harness: Harness, say: Any) -> tuple[Harness, list[Adoption]]:
+    """The library's skills proven in this context, adopted one after another (each a child version of the last,
+    so a run that promoted a chain hands the whole chain to the next), each recorded in its skill's evidence."""
+    cfg, out = ctx.cfg, []
+    domain, model = cfg.env.domain, model_name(cfg.policy)
+    while (s := ctx.skills.adoptable(domain, model, harness)) is not None:
+        iv = s.instantiate(harness).bind(harness)
+        child = iv.apply(harness)
+        try:  # a harness the configured trainer cannot run (train.backend trl) is not adopted
+            check_trl(cfg.train, child, ctx.domain)
+        except ConfigError as e:
+            say(f"skill {s.id} not adopted: {e}")
+            break
+        won = [f"{e.run}/{e.trial}" for e in s.evidence if e.decision == "promote" and e.harness == harness.version]
+        out.append(
+            Adoption(skill=s.id, intervention=iv, harness_from=harness.version, harness_to=child.version, won=won)
+        )
+        trial = f"adopt-{len(out)}"  # one evidence record a run and adoption: a redone start stage adds nothing
+        ev = Evidence(run=cfg.run.name, round=0, trial=trial, decision="adopt", domain=domain, model=model,
+                      harness=harness.version, reused=True)  # fmt: skip
+        ctx.skills.record(iv, ev, source="library", create=False, sid=s.id)
+        save_harness(ctx.run_dir, child)
+        say(f"adopted skill {s.id}: {iv.describe()} (won {len(won)} trial(s) from this harness: {', '.join(won)}); "
+            f"the run starts under harness {child.version}")  # fmt: skip
+        harness = child
+    return harness, out
 
 
 def final(ctx: RunContext, head: Mainline, stop: Stop, rounds: int) -> tuple[FinalResult, StageRecords]:
@@ -297,6 +333,8 @@ def summary(ctx: RunContext, started: StartResult, done: FinalResult) -> dict[st
         "evaluator_hash": done.evaluator_hash,
         "harness_version": done.head.harness.version,
         "skill_libraries": ledger.skill_libraries(),
+        # Skills the run started under without a trial (loop.adopt_skills): `skill: what it set`.
+        "adopted": [f"{a.skill}: {a.intervention.describe()}" for a in started.adopted or []],
         "promoted": [v.trial for v in verdicts if v.decision == "promote"],
         "rejected": [v.trial for v in verdicts if v.decision == "reject"],
         # Rejected trials whose harness the mainline took in place of one that pays an exploit (gate.repair).

@@ -68,6 +68,7 @@ def skills(by: dict[Key, Cell]) -> Skills | None:
             cold_final=cold.accuracy,
             cold_tokens=tokens_to_reach(cold.trajectory, cold.accuracy),
             warm_tokens=tokens_to_reach(hot.trajectory, cold.accuracy),
+            warm_final=hot.accuracy,
         )
         for cold, hot in warm
     ]

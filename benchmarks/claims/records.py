@@ -112,6 +112,8 @@ class SkillPair(BaseModel):
     cold_tokens: int | None
     warm_tokens: int | None
     """Tokens the warm run spent to reach the cold run's final accuracy; None if it never did."""
+    warm_final: float | None = None
+    """The warm run's own final accuracy (it spends the same budget)."""
 
 
 class Skills(BaseModel):

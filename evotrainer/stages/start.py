@@ -270,7 +270,12 @@ def adopt(ctx: RunContext, harness: Harness, say: Any) -> tuple[Harness, list[Ad
         except ConfigError as e:
             say(f"skill {s.id} not adopted: {e}")
             break
-        won = [f"{e.run}/{e.trial}" for e in s.evidence if e.decision == "promote" and e.harness == harness.version]
+        here = (domain, model, harness.version)  # the context adoptable counted the wins in
+        won = [
+            f"{e.run}/{e.trial}"
+            for e in s.evidence
+            if e.decision == "promote" and (e.domain, e.model, e.harness) == here
+        ]
         out.append(
             Adoption(skill=s.id, intervention=iv, harness_from=harness.version, harness_to=child.version, won=won)
         )

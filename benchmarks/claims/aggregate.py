@@ -77,6 +77,11 @@ def skills(by: dict[Key, Cell]) -> Skills | None:
         cold_tokens=sum(p.cold_tokens for p in pairs),
         warm_tokens=sum(p.warm_tokens for p in reached) if len(reached) == len(pairs) else None,
         pairs=pairs,
+        warm_vs_cold={
+            d: paired_interval([h.outcomes for _, h in both], [c.outcomes for c, _ in both])
+            for d in sorted({c.domain for c, _ in warm})
+            if len(both := [(c, h) for c, h in warm if c.domain == d]) >= 2
+        },
     )
 
 

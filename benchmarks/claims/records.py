@@ -121,3 +121,5 @@ class Skills(BaseModel):
     warm_tokens: int | None
     """None unless every warm run reached its cold run's final accuracy."""
     pairs: list[SkillPair]
+    warm_vs_cold: dict[str, PairedInterval] = {}
+    """Per domain with two seeds or more: the warm run's final read minus the cold run's, task by task."""

@@ -143,7 +143,7 @@ def test_a_promotion_earned_in_a_trial_moves_the_mainline_becomes_a_skill_and_is
     finally:
         third.close()
     [record] = [e for e in SkillLibrary(tmp_path / "skills-adopt").get(skill.id).evidence if e.run == "third"]
-    assert (record.decision, record.reused, record.harness) == ("adopt", True, applied_to)
+    assert (record.decision, record.reused, record.harness, record.before) == ("adopt", True, applied_to, 0.3)
     summary = json.loads((tmp_path / "runs" / "third" / "summary.json").read_text())
     assert summary["adopted"] == [f"{skill.id}: {adopted.intervention.describe()}"]
     assert run_state(tmp_path / "runs" / "third").rows["adopted skills"].startswith(skill.id)

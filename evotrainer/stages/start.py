@@ -281,7 +281,7 @@ def adopt(ctx: RunContext, harness: Harness, say: Any) -> tuple[Harness, list[Ad
         )
         trial = f"adopt-{len(out)}"  # one evidence record a run and adoption: a redone start stage adds nothing
         ev = Evidence(run=cfg.run.name, round=0, trial=trial, decision="adopt", domain=domain, model=model,
-                      harness=harness.version, reused=True)  # fmt: skip
+                      harness=harness.version, before=iv.before, reused=True)  # fmt: skip
         ctx.skills.record(iv, ev, source="library", create=False, sid=s.id)
         save_harness(ctx.run_dir, child)
         say(f"adopted skill {s.id}: {iv.describe()} (won {len(won)} trial(s) from this harness: {', '.join(won)}); "

@@ -71,16 +71,21 @@ def test_round_trip_and_queries(tmp_path):
     assert store.count() == 8
 
 
+# Incompressible 8 kB prompts: a shard's bytes, and so the time its temporary file exists, outweigh building its
+# rows. With the small rows alone the file lived for about a ten-thousandth of the writer's time, and a 60 s poll
+# missed it (CI, 2026-11-27, twice).
 WRITER = """
-import sys
+import os, sys
+from dataclasses import replace
 from tests.test_store import make_rollouts
 from evotrainer.store.rollouts import RolloutStore, reward_terms_named
 store = RolloutStore(sys.argv[1])
+pad = [os.urandom(4096).hex() for _ in range(3000)]
 step = 0
 print("ready", flush=True)
 while True:
     step += 1
-    store.append(make_rollouts(step, n=3000), f"main-s{step:06d}")
+    store.append([replace(r, prompt=p) for r, p in zip(make_rollouts(step, n=3000), pad)], f"main-s{step:06d}")
 """
 
 

@@ -4,6 +4,7 @@ loop.max_trial_share; a rollback retrains on other seeds."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import re
 
@@ -17,8 +18,9 @@ from evotrainer.diagnostics.detector import Finding, Window, finding
 from evotrainer.diagnostics.suite import DetectorSpec, Suite
 from evotrainer.harness.harness import Harness
 from evotrainer.loop import run_loop
+from evotrainer.stages import race
 from evotrainer.stages.context import split_heldout
-from evotrainer.stages.race import control_exploits, race_size
+from evotrainer.stages.race import _arm_cost, control_exploits, race_size
 from evotrainer.stages.results import Mainline, read_stage
 from evotrainer.stages.spend import lineage, spend
 from evotrainer.store.ledger import Charge, Ledger
@@ -208,11 +210,6 @@ def test_a_segment_read_again_opens_the_whole_budget_to_its_remedy(tmp_path, mat
     # segment, under a budget that the segment's steps say holds the trial's arms (at most five: the control, the
     # racer, an A-A arm, the confirmation's two) but not with the third run owed beside a control that carries the
     # exploit again, each at what this run's arms cost with their gate reads: refused before it trains anything.
-    import dataclasses
-
-    from evotrainer.stages import race
-    from evotrainer.stages.race import _arm_cost
-
     seg = read_stage(ctx.ledger, 1, "train")
     spent, steps = ctx.ledger.spent().generated_tokens, cfg.loop.trial_steps
     old = seg.generated_tokens // (seg.last_step - seg.first_step + 1) * steps

@@ -109,6 +109,10 @@ class Skill(BaseModel):
         """The trials that were this skill offered from the library: where it was reused and what it bought."""
         return [e for e in self.evidence if e.reused]
 
+    def evidence_in(self, domain: str, model: str, harness: str) -> list[Evidence]:
+        """The trials of it in one context: this domain and model, applied to this harness version."""
+        return [e for e in self.evidence if (e.domain, e.model, e.harness) == (domain, model, harness)]
+
     @property
     def models(self) -> list[str]:
         return sorted({e.model for e in self.evidence if e.model})
@@ -258,7 +262,7 @@ class SkillLibrary:
         value, or has no such knob, it is not offered."""
         best = None
         for s in self.all():
-            here = [e for e in s.evidence if (e.domain, e.model, e.harness) == (domain, model, h.version)]
+            here = s.evidence_in(domain, model, h.version)
             net = sum(e.decision == "promote" for e in here) - sum(e.decision == "reject" for e in here)
             if net <= 0:
                 continue

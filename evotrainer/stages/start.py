@@ -270,12 +270,7 @@ def adopt(ctx: RunContext, harness: Harness, say: Any) -> tuple[Harness, list[Ad
         except ConfigError as e:
             say(f"skill {s.id} not adopted: {e}")
             break
-        here = (domain, model, harness.version)  # the context adoptable counted the wins in
-        won = [
-            f"{e.run}/{e.trial}"
-            for e in s.evidence
-            if e.decision == "promote" and (e.domain, e.model, e.harness) == here
-        ]
+        won = [f"{e.run}/{e.trial}" for e in s.evidence_in(domain, model, harness.version) if e.decision == "promote"]
         out.append(
             Adoption(skill=s.id, intervention=iv, harness_from=harness.version, harness_to=child.version, won=won)
         )

@@ -21,6 +21,7 @@ from evotrainer.evaluation import evaluate, evaluator_hash
 from evotrainer.ids import EVAL, TRAIN, branch_id, parse_shard, rollout_id, shard_id, trial_id
 from evotrainer.loop import run_loop, run_round
 from evotrainer.policies.hf import HFPolicy
+from evotrainer.skills.library import model_name
 from evotrainer.stages import race
 from evotrainer.stages.context import split_heldout
 from evotrainer.stages.results import read_stage
@@ -567,6 +568,13 @@ def test_a_valid_remedy_for_the_controls_exploit_repairs_the_mainline_harness(tm
     assert seg.harness_version == fixed.harness and seg.first_step == promoted.head.step + 1
     assert not [f.name for f in read_stage(ledger, 2, "diagnose").findings if f.validity]
     assert "repaired: the control pays validity:paid_wrong, so the mainline takes r01-t1's" in console.file.getvalue()
+    # The repair is remembered: a skill (no win) that a later run starting under this harness adopts.
+    remembered = read_stage(ledger, 1, "remember").skills
+    assert [(s["trial"], s["wins"], s["losses"]) for s in remembered] == [(trial_id(1, 1), 0, 0)]
+    skill = ctx.skills.adoptable(cfg.env.domain, model_name(cfg.policy), head.harness)
+    assert skill is not None and skill.id == remembered[0]["skill"]
+    assert [e.decision for e in skill.evidence] == ["repair"]
+    assert skill.instantiate(head.harness).apply(head.harness).reward_weights["format"] == 0.1
     ledger.close()
     from evotrainer.cli.main import app
     from evotrainer.report import write_report

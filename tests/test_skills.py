@@ -397,3 +397,22 @@ def test_only_a_skill_won_in_this_very_context_is_adopted_and_a_chain_is_adopted
     won("t7", temp, child)
     assert lib.adoptable("math", "tiny", child).target == "sampling.temperature"
     assert lib.adoptable("math", "tiny", h).target == "optimizer.learning_rate"
+
+
+def test_a_repair_makes_a_skill_that_is_adopted_from_its_harness_but_is_no_win(tmp_path):
+    """A repair (the gate took a rejected remedy's harness in place of one whose control paid an exploit) creates
+    the skill and counts towards adoption from that very harness, but not as a win: it stays quarantined, and a
+    loss there cancels it as a loss cancels a win."""
+    lib, h = SkillLibrary(tmp_path), Harness(optimizer={"learning_rate": 1e-4})
+
+    def seen(trial: str, decision: str):
+        ev = Evidence(run="r1", round=1, trial=trial, decision=decision, domain="swe", model="tiny", harness=h.version)
+        return lib.record(LR_UP.bind(h), ev, source="catalog", create=decision in ("promote", "repair"))
+
+    assert seen("t1", "reject") is None  # a plain rejection creates nothing
+    skill = seen("t2", "repair")
+    assert (skill.wins, skill.losses, skill.quarantined) == (0, 0, True)
+    assert lib.adoptable("swe", "tiny", h).id == skill.id
+    assert lib.adoptable("code", "tiny", h) is None  # only where it repaired
+    seen("t3", "reject")
+    assert lib.adoptable("swe", "tiny", h) is None

@@ -81,8 +81,8 @@ def _summary(run_dir: Path, ledger: Ledger) -> list[str]:
             parts.append(f'<p class="reject">{_e(seconds_cut_note(summary["rounds"]))}.</p>')
         if summary.get("adopted"):
             parts.append(
-                "<p>Started under skills adopted from the library without a trial (loop.adopt_skills; each won in "
-                "this domain, model and harness before; no gain claimed): "
+                "<p>Started under skills adopted from the library without a trial (loop.adopt_skills; each won or "
+                "repaired in this domain, model and harness before; no gain claimed): "
                 + "; ".join(_e(a) for a in summary["adopted"])
                 + ".</p>"
             )

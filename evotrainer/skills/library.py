@@ -53,7 +53,9 @@ class Evidence(BaseModel):
     round: int
     trial: str
     decision: str
-    """promote or reject (a trial's verdict), or adopt (a run started under it: `adoptable`)."""
+    """promote or reject (a trial's verdict); repair (a rejected remedy whose harness the mainline took in place of
+    one that pays an exploit: the gate's repair, neither a win nor a loss); or adopt (a run started under it:
+    `adoptable`)."""
     effect: float | None = None
     """Candidate minus control held-out accuracy (gate tasks)."""
     domain: str = ""
@@ -207,8 +209,8 @@ class SkillLibrary:
             skill.evidence.append(ev)
             if ev.domain and ev.domain not in skill.domains:
                 skill.domains.append(ev.domain)
-            if ev.decision == "promote":
-                # The trigger signature grows to every signature it has won under.
+            if ev.decision in ("promote", "repair"):
+                # The trigger signature grows to every signature it has won or repaired under.
                 skill.signature = sorted(set(skill.signature) | set(ev.signature))
             self._write(skill)
             return skill
@@ -256,14 +258,16 @@ class SkillLibrary:
 
     def adoptable(self, domain: str, model: str, h: Harness) -> Skill | None:
         """The skill a run starting under harness h adopts without a trial (loop.adopt_skills), if any: one that
-        won more trials than it lost in this very context (the same domain and model, applied to h itself, whose
-        version hashes its content and lineage). Its trigger recurring is then not a guess: the same start has
-        shown it. Best first: net wins there, then its mean effect, then its id. Where h already holds its
-        value, or has no such knob, it is not offered."""
+        won or repaired more trials than it lost in this very context (the same domain and model, applied to h
+        itself, whose version hashes its content and lineage). Its trigger recurring is then not a guess: the same
+        start has shown it. A repair counts beside a win because what it showed is about h: h's control paid an
+        exploit, and this remedy closed it, valid on every run and not below the start; starting under h would
+        train the exploit again. Best first: net standing there, then its mean effect, then its id. Where h
+        already holds its value, or has no such knob, it is not offered."""
         best = None
         for s in self.all():
             here = s.evidence_in(domain, model, h.version)
-            net = sum(e.decision == "promote" for e in here) - sum(e.decision == "reject" for e in here)
+            net = sum(e.decision in ("promote", "repair") for e in here) - sum(e.decision == "reject" for e in here)
             if net <= 0:
                 continue
             try:

@@ -417,19 +417,27 @@ def _repair(
 
 
 def remember(
-    ctx: RunContext, rnd: int, harness: str, gated: GateResult, survivors: list[Survivor], sig: list[str]
+    ctx: RunContext,
+    rnd: int,
+    harness: str,
+    gated: GateResult,
+    survivors: list[Survivor],
+    sig: list[str],
+    repaired: Repair | None = None,
 ) -> tuple[RememberResult, StageRecords]:
     """Every verdict becomes evidence for (or against) a skill, with the context it was tried in (the domain, the
     model, `harness`: the version the interventions were applied to, and the value each replaced); a promotion
-    creates one (quarantined)."""
+    creates one (quarantined), and so does a repair (`repaired`: the rejected remedy whose harness the mainline
+    took in place of one that pays an exploit), recorded as `repair`: neither a win nor a loss."""
     cfg, touched = ctx.cfg, []
     for v, survivor in zip(gated.verdicts, survivors):
         p = survivor.proposal
+        decision = "repair" if repaired is not None and repaired.trial == v.trial else v.decision
         ev = Evidence(
             run=cfg.run.name,
             round=rnd,
             trial=v.trial,
-            decision=v.decision,
+            decision=decision,
             effect=v.delta,
             domain=cfg.env.domain,
             signature=list(sig),
@@ -438,7 +446,9 @@ def remember(
             before=p.intervention.before,
             reused=p.skill_id is not None,
         )
-        s = ctx.skills.record(p.intervention, ev, source=p.source, create=v.decision == "promote", sid=p.skill_id)
+        s = ctx.skills.record(
+            p.intervention, ev, source=p.source, create=decision in ("promote", "repair"), sid=p.skill_id
+        )
         if s is not None:
             touched.append(
                 {"skill": s.id, "trial": v.trial, "wins": s.wins, "losses": s.losses, "quarantined": s.quarantined}

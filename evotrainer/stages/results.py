@@ -107,7 +107,8 @@ class Adoption(Record):
     harness_from: str
     harness_to: str
     won: list[str]
-    """`run/trial` of each win in this context (the same domain, model and harness version)."""
+    """`run/trial` of each win in this context (the same domain, model and harness version), and of each repair,
+    marked `(repair)`."""
 
 
 class StartResult(Record):

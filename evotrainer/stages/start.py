@@ -270,7 +270,9 @@ def adopt(ctx: RunContext, harness: Harness, say: Any) -> tuple[Harness, list[Ad
         except ConfigError as e:
             say(f"skill {s.id} not adopted: {e}")
             break
-        won = [f"{e.run}/{e.trial}" for e in s.evidence_in(domain, model, harness.version) if e.decision == "promote"]
+        here = s.evidence_in(domain, model, harness.version)
+        won = [f"{e.run}/{e.trial}" + ("" if e.decision == "promote" else " (repair)") for e in here
+               if e.decision in ("promote", "repair")]  # fmt: skip
         out.append(
             Adoption(skill=s.id, intervention=iv, harness_from=harness.version, harness_to=child.version, won=won)
         )
@@ -279,8 +281,8 @@ def adopt(ctx: RunContext, harness: Harness, say: Any) -> tuple[Harness, list[Ad
                       harness=harness.version, before=iv.before, reused=True)  # fmt: skip
         ctx.skills.record(iv, ev, source="library", create=False, sid=s.id)
         save_harness(ctx.run_dir, child)
-        say(f"adopted skill {s.id}: {iv.describe()} (won {len(won)} trial(s) from this harness: {', '.join(won)}); "
-            f"the run starts under harness {child.version}")  # fmt: skip
+        say(f"adopted skill {s.id}: {iv.describe()} (won or repaired {len(won)} trial(s) from this harness: "
+            f"{', '.join(won)}); the run starts under harness {child.version}")  # fmt: skip
         harness = child
     return harness, out
 

@@ -265,8 +265,9 @@ class LoopSection(Section):
     that won or repaired more trials than it lost in this very context (the same domain and model, applied to the
     harness the run is at, by version), one after another, each a child version recorded with the skill and the
     trials it won or repaired (a repair: that harness's control paid an exploit this remedy closed, validly). No
-    trial is spent and no gain is claimed: the suite still reads every segment. Off by default: it changes the
-    harness the config wrote, on evidence from earlier runs."""
+    trial is spent and no gain is claimed: the suite still reads every segment, and a round rolled back under the
+    adopted harness is one loss against the skill. Off by default: it changes the harness the config wrote, on
+    evidence from earlier runs."""
     executor: Literal["serial", "process", "ray"] = "serial"
     """How trial arms run: one after another in this process, in parallel worker processes, or as Ray tasks
     (the ray extra) on a local Ray node, or on the cluster at RAY_ADDRESS; the run directory must then be

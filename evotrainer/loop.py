@@ -171,9 +171,7 @@ def run_round(ctx: RunContext, tell: Narrator, rnd: int, head: Mainline) -> tupl
         rnd,
         "remember",
         RememberResult,
-        lambda: decide.remember(
-            ctx, rnd, head.harness.version, gated, survivors, proposed.signature, promoted.repaired
-        ),
+        lambda: decide.remember(ctx, rnd, head.harness.version, gated, survivors, proposed.signature, promoted),
     )
     tell.remember(remembered)
     end = _reread(promoted, gated, seg, taint)

@@ -148,3 +148,45 @@ def test_a_promotion_earned_in_a_trial_moves_the_mainline_becomes_a_skill_and_is
     assert summary["adopted"] == [f"{skill.id}: {adopted.intervention.describe()}"]
     assert run_state(tmp_path / "runs" / "third").rows["adopted skills"].startswith(skill.id)
     assert run_state(tmp_path / "runs" / "first").rows["adopted skills"] == "-"  # off by default
+
+
+def test_a_round_rolled_back_under_an_adopted_harness_counts_against_the_skill(tmp_path, math_setup):
+    """The reverse of the third run above: the library holds a skill that won once from this harness, setting the
+    learning rate the plant above wrecks the policy with (0.3, warmed up over 1,000 steps). The run adopts it; the
+    round's one step leaves the policy standing, then the control under the adopted harness destroys it, so the
+    regression guard sends the mainline back. That is the adoption doing harm: a loss against the skill in the
+    context it was adopted from, and the next run starting there adopts nothing."""
+    from evotrainer.harness.interventions import Hypothesis, Intervention
+    from evotrainer.skills.library import Evidence, model_name
+
+    skills = tmp_path / "skills"
+    cfg = _cfg(tmp_path, "harmed", skills, adopt_skills=True)
+    start = cfg.harness.model_copy(
+        update={"optimizer": cfg.harness.optimizer.model_copy(update={"learning_rate": 1e-4})}
+    )
+    cfg = cfg.model_copy(update={"harness": start})
+    plant = Intervention(
+        kind="set_knob",
+        target="optimizer.learning_rate",
+        value=0.3,
+        hypothesis=Hypothesis(finding="plateau", signal="heldout/accuracy", direction="up"),
+    ).bind(start)
+    won = Evidence(run="earlier", round=1, trial="r01-t1", decision="promote", domain="math", harness=start.version)
+    lib = SkillLibrary(skills)
+    skill = lib.record(plant, won.model_copy(update={"model": model_name(cfg.policy)}), source="catalog", create=True)
+    # A candidate that cannot win: it trains under the adopted rate too.
+    temp = Intervention(kind="set_knob", target="sampling.temperature", value=1.2, hypothesis=plant.hypothesis)
+    run_loop(cfg.model_copy(update={"loop": cfg.loop.model_copy(update={"planted": [temp]})}), QUIET)
+    ledger = Ledger(tmp_path / "runs" / "harmed" / "ledger.sqlite")
+    try:
+        [adopted] = read_stage(ledger, 0, "start").adopted
+        assert adopted.skill == skill.id and adopted.harness_from == start.version
+        back = read_stage(ledger, 1, "promote").rejected
+        assert back is not None and (back.branch, back.reasons) == ("r01-ctl", ["regression"])
+        held = [s for s in read_stage(ledger, 1, "remember").skills if s["skill"] == skill.id]
+        assert held == [{"skill": skill.id, "trial": "adopt-1-held", "wins": 1, "losses": 1, "quarantined": True}]
+    finally:
+        ledger.close()
+    [loss] = [e for e in lib.get(skill.id).evidence if e.decision == "reject"]
+    assert (loss.run, loss.harness, loss.before, loss.reused) == ("harmed", start.version, 1e-4, True)
+    assert lib.adoptable("math", model_name(cfg.policy), start) is None

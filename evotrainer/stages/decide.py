@@ -39,7 +39,7 @@ from evotrainer.stages.results import (
     VerdictLine,
     read_stage,
 )
-from evotrainer.stages.start import expect_evaluator
+from evotrainer.stages.start import expect_evaluator, held_against
 from evotrainer.store.ledger import Ledger
 
 
@@ -423,13 +423,14 @@ def remember(
     gated: GateResult,
     survivors: list[Survivor],
     sig: list[str],
-    repaired: Repair | None = None,
+    promoted: PromoteResult,
 ) -> tuple[RememberResult, StageRecords]:
     """Every verdict becomes evidence for (or against) a skill, with the context it was tried in (the domain, the
     model, `harness`: the version the interventions were applied to, and the value each replaced); a promotion
-    creates one (quarantined), and so does a repair (`repaired`: the rejected remedy whose harness the mainline
-    took in place of one that pays an exploit), recorded as `repair`: neither a win nor a loss."""
-    cfg, touched = ctx.cfg, []
+    creates one (quarantined), and so does a repair (`promoted.repaired`: the rejected remedy whose harness the
+    mainline took in place of one that pays an exploit), recorded as `repair`: neither a win nor a loss. A round
+    rolled back under the harness the run adopted counts against the adopted skills (start.held_against)."""
+    cfg, touched, repaired = ctx.cfg, [], promoted.repaired
     for v, survivor in zip(gated.verdicts, survivors):
         p = survivor.proposal
         decision = "repair" if repaired is not None and repaired.trial == v.trial else v.decision
@@ -453,6 +454,10 @@ def remember(
             touched.append(
                 {"skill": s.id, "trial": v.trial, "wins": s.wins, "losses": s.losses, "quarantined": s.quarantined}
             )
+    for trial, s in held_against(ctx, rnd, harness, promoted.rejected, sig):
+        touched.append(
+            {"skill": s.id, "trial": trial, "wins": s.wins, "losses": s.losses, "quarantined": s.quarantined}
+        )
     return RememberResult(skills=touched), StageRecords()
 
 

@@ -24,7 +24,7 @@ from evotrainer.policies import check_device, check_policy_path, load_policy, pl
 from evotrainer.policies.hf import HFPolicy
 from evotrainer.proposers.heuristic import HeuristicProposer
 from evotrainer.proposers.proposer import Proposer
-from evotrainer.skills.library import Evidence, SkillLibrary, library_dir, model_name
+from evotrainer.skills.library import Evidence, Skill, SkillLibrary, library_dir, model_name
 from evotrainer.stages.context import RunContext, StageRecords, split_heldout
 from evotrainer.stages.results import (
     Adoption,
@@ -33,8 +33,10 @@ from evotrainer.stages.results import (
     GateResult,
     Mainline,
     PromoteResult,
+    Rollback,
     StartResult,
     Stop,
+    read_stage,
 )
 from evotrainer.stages.retention import disk_use
 from evotrainer.stages.spend import lineage, spend
@@ -285,6 +287,30 @@ def adopt(ctx: RunContext, harness: Harness, say: Any) -> tuple[Harness, list[Ad
             f"{', '.join(won)}); the run starts under harness {child.version}")  # fmt: skip
         harness = child
     return harness, out
+
+
+def held_against(
+    ctx: RunContext, rnd: int, harness: str, back: Rollback | None, sig: list[str]
+) -> list[tuple[str, Skill]]:
+    """The adopted skills a rolled-back round counts against (one loss each a run, at most), while the mainline is
+    still under the harness the adoptions made (`harness`: the round's). The control trains under that harness, so
+    a control significantly below where the arms forked (the regression guard), or rejected for the very exploit a
+    skill's hypothesis said it remedies, is the adoption doing harm; without this no verdict is ever made on an
+    adoption, and the next run would adopt it again. Another exploit is not held against it. Returns (the
+    evidence's trial id, the skill as recorded)."""
+    chain = read_stage(ctx.ledger, 0, "start").adopted or []
+    if back is None or back.branch != branch_id(rnd, "control") or not chain or chain[-1].harness_to != harness:
+        return []
+    cfg, out = ctx.cfg, []
+    for i, a in enumerate(chain, 1):
+        if back.reasons != ["regression"] and f"validity:{a.intervention.hypothesis.finding}" not in back.reasons:
+            continue
+        ev = Evidence(run=cfg.run.name, round=rnd, trial=f"adopt-{i}-held", decision="reject",
+                      domain=cfg.env.domain, signature=list(sig), model=model_name(cfg.policy),
+                      harness=a.harness_from, before=a.intervention.before, reused=True)  # fmt: skip
+        if (skill := ctx.skills.record(a.intervention, ev, source="library", create=False, sid=a.skill)) is not None:
+            out.append((ev.trial, skill))
+    return out
 
 
 def final(ctx: RunContext, head: Mainline, stop: Stop, rounds: int) -> tuple[FinalResult, StageRecords]:

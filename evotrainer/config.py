@@ -266,8 +266,8 @@ class LoopSection(Section):
     harness the run is at, by version), one after another, each a child version recorded with the skill and the
     trials it won or repaired (a repair: that harness's control paid an exploit this remedy closed, validly). No
     trial is spent and no gain is claimed: the suite still reads every segment, and a round rolled back under the
-    adopted harness is one loss against the skill. Off by default: it changes the harness the config wrote, on
-    evidence from earlier runs."""
+    adopted harness (start.held_against) is one loss against the skill. Off by default: it changes the harness
+    the config wrote, on evidence from earlier runs."""
     executor: Literal["serial", "process", "ray"] = "serial"
     """How trial arms run: one after another in this process, in parallel worker processes, or as Ray tasks
     (the ray extra) on a local Ray node, or on the cluster at RAY_ADDRESS; the run directory must then be

@@ -23,7 +23,8 @@ from conftest import small_config
 from evotrainer.cli.loop import run_state
 from evotrainer.loop import run_loop
 from evotrainer.skills.library import SkillLibrary
-from evotrainer.stages.results import read_stage
+from evotrainer.stages.results import Rollback, read_stage
+from evotrainer.stages.start import held_against, open_run
 from evotrainer.store.ledger import Ledger
 from fake_llm import MODEL, FakeLLM, iv
 
@@ -176,7 +177,8 @@ def test_a_round_rolled_back_under_an_adopted_harness_counts_against_the_skill(t
     skill = lib.record(plant, won.model_copy(update={"model": model_name(cfg.policy)}), source="catalog", create=True)
     # A candidate that cannot win: it trains under the adopted rate too.
     temp = Intervention(kind="set_knob", target="sampling.temperature", value=1.2, hypothesis=plant.hypothesis)
-    run_loop(cfg.model_copy(update={"loop": cfg.loop.model_copy(update={"planted": [temp]})}), QUIET)
+    cfg = cfg.model_copy(update={"loop": cfg.loop.model_copy(update={"planted": [temp]})})
+    run_loop(cfg, QUIET)
     ledger = Ledger(tmp_path / "runs" / "harmed" / "ledger.sqlite")
     try:
         [adopted] = read_stage(ledger, 0, "start").adopted
@@ -190,3 +192,17 @@ def test_a_round_rolled_back_under_an_adopted_harness_counts_against_the_skill(t
     [loss] = [e for e in lib.get(skill.id).evidence if e.decision == "reject"]
     assert (loss.run, loss.harness, loss.before, loss.reused) == ("harmed", start.version, 1e-4, True)
     assert lib.adoptable("math", model_name(cfg.policy), start) is None
+    # What is not held against it, read on the same run: a fall after rounds kept under the adopted harness, and
+    # a control rejected for an exploit other than the one the skill's hypothesis names.
+    ctx = open_run(cfg, resume=True)
+    try:
+        under = adopted.harness_to
+        later = Rollback(branch="r02-ctl", reasons=["regression"], rolled_back_to="r01-seg")
+        other = Rollback(branch="r02-ctl", reasons=["validity:paid_wrong"], rolled_back_to="base")
+        assert held_against(ctx, 2, under, later, []) == held_against(ctx, 2, under, other, []) == []
+        assert [
+            t for t, _ in held_against(ctx, 2, under, other.model_copy(update={"reasons": ["validity:plateau"]}), [])
+        ] == ["adopt-1-held"]
+    finally:
+        ctx.ledger.close()
+    assert len([e for e in lib.get(skill.id).evidence if e.decision == "reject"]) == 1  # once a run

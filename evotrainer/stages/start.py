@@ -294,16 +294,21 @@ def held_against(
 ) -> list[tuple[str, Skill]]:
     """The adopted skills a rolled-back round counts against (one loss each a run, at most), while the mainline is
     still under the harness the adoptions made (`harness`: the round's). The control trains under that harness, so
-    a control significantly below where the arms forked (the regression guard), or rejected for the very exploit a
-    skill's hypothesis said it remedies, is the adoption doing harm; without this no verdict is ever made on an
-    adoption, and the next run would adopt it again. Another exploit is not held against it. Returns (the
-    evidence's trial id, the skill as recorded)."""
-    chain = read_stage(ctx.ledger, 0, "start").adopted or []
+    two rollbacks are the adoption doing harm: the control rejected for the very exploit a skill's hypothesis said
+    it remedies (in any round), and the control significantly below where the arms forked (the regression guard)
+    while the mainline has kept nothing since the start, i.e. the adopted harness's first training fell. A fall
+    later in the run, after rounds kept under it, is RL's own noise as much as the adoption's doing (a warm SWE
+    run fell in round 6 of 8 and still ended above its cold run), and another exploit is not the skill's. Without
+    this no verdict is ever made on an adoption, and the next run would adopt it again. Returns (the evidence's
+    trial id, the skill as recorded)."""
+    started = read_stage(ctx.ledger, 0, "start")
+    chain = started.adopted or []
     if back is None or back.branch != branch_id(rnd, "control") or not chain or chain[-1].harness_to != harness:
         return []
+    fell = back.reasons == ["regression"] and back.rolled_back_to == started.head.branch
     cfg, out = ctx.cfg, []
     for i, a in enumerate(chain, 1):
-        if back.reasons != ["regression"] and f"validity:{a.intervention.hypothesis.finding}" not in back.reasons:
+        if not fell and f"validity:{a.intervention.hypothesis.finding}" not in back.reasons:
             continue
         ev = Evidence(run=cfg.run.name, round=rnd, trial=f"adopt-{i}-held", decision="reject",
                       domain=cfg.env.domain, signature=list(sig), model=model_name(cfg.policy),

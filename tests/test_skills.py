@@ -8,8 +8,10 @@ import json
 
 import pytest
 from rich.console import Console
+from typer.testing import CliRunner
 
 from conftest import small_config
+from evotrainer.cli.main import app
 from evotrainer.diagnostics.detector import Finding
 from evotrainer.errors import ConfigError
 from evotrainer.harness.harness import Harness
@@ -69,9 +71,6 @@ def test_export_import_round_trip_merges_evidence(tmp_path):
 def test_the_library_is_the_projects_unless_a_shared_one_is_asked_for(tmp_path, monkeypatch):
     """A toy run elsewhere must not write into the library real work reads: by default each project has its
     own, beside its runs; ~/.evotrainer/skills is read and written only where loop.skills_dir names it."""
-    from typer.testing import CliRunner
-
-    from evotrainer.cli.main import app
     from evotrainer.config import LoopSection, parse_config
 
     assert LoopSection().skills_dir is None
@@ -414,5 +413,7 @@ def test_a_repair_makes_a_skill_that_is_adopted_from_its_harness_but_is_no_win(t
     assert (skill.wins, skill.losses, skill.quarantined) == (0, 0, True)
     assert lib.adoptable("swe", "tiny", h).id == skill.id
     assert lib.adoptable("code", "tiny", h) is None  # only where it repaired
+    [listed] = json.loads(CliRunner().invoke(app, ["skills", "list", "--dir", str(tmp_path), "--json"]).stdout)
+    assert (listed["wins"], listed["losses"], listed["repairs"]) == (0, 0, 1)
     seen("t3", "reject")
     assert lib.adoptable("swe", "tiny", h) is None

@@ -39,7 +39,8 @@ def skills_list(
     shared: bool = _GLOBAL,
     as_json: bool = typer.Option(False, "--json", help="A JSON array of the skills instead of a table"),
 ) -> None:
-    """List the skills: what each sets, trigger signature, where it won, evidence, reuse, quarantine."""
+    """List the skills: what each sets, trigger signature, where it won, evidence (wins, losses, repairs), reuse,
+    quarantine."""
     skills = _library(skills_dir, shared).all()
     if as_json:
         print_json(
@@ -47,13 +48,26 @@ def skills_list(
                 **s.model_dump(mode="json"),
                 "wins": s.wins,
                 "losses": s.losses,
+                "repairs": s.repairs,
                 "quarantined": s.quarantined,
                 "reused": len(s.reuses),
             }
             for s in skills
         )
         return
-    t = Table("id", "intervention", "signature", "domains", "models", "won", "lost", "mean effect", "reused", "status")
+    t = Table(
+        "id",
+        "intervention",
+        "signature",
+        "domains",
+        "models",
+        "won",
+        "lost",
+        "repaired",
+        "mean effect",
+        "reused",
+        "status",
+    )
     for s in skills:
         change = f"x{s.factor:g}" if s.factor is not None else repr(s.value)
         reused = s.reuses
@@ -66,6 +80,7 @@ def skills_list(
             ", ".join(s.models) or "-",
             str(s.wins),
             str(s.losses),
+            str(s.repairs),
             f"{s.mean_effect:+.3f}",
             f"{len(reused)} ({sum(bought) / len(bought):+.3f})" if bought else str(len(reused)),
             "quarantined" if s.quarantined else "active",

@@ -98,6 +98,11 @@ class Skill(BaseModel):
         return sum(e.decision == "reject" for e in self.evidence)
 
     @property
+    def repairs(self) -> int:
+        """Repairs it made (evidence `repair`): neither wins nor losses, but a reason to adopt it (`adoptable`)."""
+        return sum(e.decision == "repair" for e in self.evidence)
+
+    @property
     def quarantined(self) -> bool:
         return self.wins < WINS_TO_LEAVE_QUARANTINE
 

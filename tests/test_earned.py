@@ -12,6 +12,7 @@ fresh seeds beside a control replicate, and be promoted."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -22,6 +23,7 @@ from rich.console import Console
 from conftest import small_config
 from evotrainer.cli.loop import run_state
 from evotrainer.loop import run_loop
+from evotrainer.report import write_report
 from evotrainer.skills.library import SkillLibrary
 from evotrainer.stages.results import Rollback, read_stage
 from evotrainer.stages.start import held_against, open_run
@@ -178,7 +180,8 @@ def test_a_round_rolled_back_under_an_adopted_harness_counts_against_the_skill(t
     # A candidate that cannot win: it trains under the adopted rate too.
     temp = Intervention(kind="set_knob", target="sampling.temperature", value=1.2, hypothesis=plant.hypothesis)
     cfg = cfg.model_copy(update={"loop": cfg.loop.model_copy(update={"planted": [temp]})})
-    run_loop(cfg, QUIET)
+    out = io.StringIO()
+    run_loop(cfg, Console(file=out, width=400))
     ledger = Ledger(tmp_path / "runs" / "harmed" / "ledger.sqlite")
     try:
         [adopted] = read_stage(ledger, 0, "start").adopted
@@ -186,9 +189,13 @@ def test_a_round_rolled_back_under_an_adopted_harness_counts_against_the_skill(t
         back = read_stage(ledger, 1, "promote").rejected
         assert back is not None and (back.branch, back.reasons) == ("r01-ctl", ["regression"])
         held = [s for s in read_stage(ledger, 1, "remember").skills if s["skill"] == skill.id]
-        assert held == [{"skill": skill.id, "trial": "adopt-1-held", "wins": 1, "losses": 1, "quarantined": True}]
+        assert held == [
+            {"skill": skill.id, "trial": "adopt-1-held", "wins": 1, "losses": 1, "quarantined": True, "held": True}
+        ]
     finally:
         ledger.close()
+    said = f"{skill.id} (1 won, 1 lost, quarantined; held against its adoption: the round rolled back under it)"
+    assert said in out.getvalue() and said in write_report(tmp_path / "runs" / "harmed").read_text()
     [loss] = [e for e in lib.get(skill.id).evidence if e.decision == "reject"]
     assert (loss.run, loss.harness, loss.before, loss.reused) == ("harmed", start.version, 1e-4, True)
     assert lib.adoptable("math", model_name(cfg.policy), start) is None

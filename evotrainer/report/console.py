@@ -17,6 +17,7 @@ from evotrainer.stages.results import (
     ReviseResult,
     TrialResult,
     seconds_cut_note,
+    skill_note,
 )
 from evotrainer.store.checkpoints import human
 
@@ -125,13 +126,7 @@ class Narrator:
 
     def remember(self, r: RememberResult) -> None:
         if r.skills:
-            self.say(
-                "9 remember  "
-                + "; ".join(
-                    f"{s['skill']} ({s['wins']} won, {s['losses']} lost{', quarantined' if s['quarantined'] else ''})"
-                    for s in r.skills
-                )
-            )
+            self.say("9 remember  " + "; ".join(skill_note(s) for s in r.skills))
 
     def pruned(self, freed: dict[str, int]) -> None:
         if freed:

@@ -16,7 +16,7 @@ from evotrainer.report.evidence import evidence_section, link, opened, read_roll
 from evotrainer.report.lineage import RoundShape, lineage_svg, shapes
 from evotrainer.report.svg import esc
 from evotrainer.report.verdicts import forest_html, verdicts_table
-from evotrainer.stages.results import seconds_cut_note, stage_results
+from evotrainer.stages.results import seconds_cut_note, skill_note, stage_results
 from evotrainer.stages.retention import disk_use
 from evotrainer.store.checkpoints import human
 from evotrainer.store.files import atomic_write_text
@@ -284,11 +284,4 @@ def _skills(rem: Any) -> list[str]:
     """The skills a round's verdicts touched."""
     if not (rem and rem.skills):
         return []
-    return [
-        "<p>skills: "
-        + "; ".join(
-            f"{_e(s['skill'])} ({s['wins']} won, {s['losses']} lost{', quarantined' if s['quarantined'] else ''})"
-            for s in rem.skills
-        )
-        + "</p>"
-    ]
+    return ["<p>skills: " + "; ".join(_e(skill_note(s)) for s in rem.skills) + "</p>"]

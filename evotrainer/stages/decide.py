@@ -457,6 +457,7 @@ def remember(
     for trial, s in held_against(ctx, rnd, harness, promoted.rejected, sig):
         touched.append(
             {"skill": s.id, "trial": trial, "wins": s.wins, "losses": s.losses, "quarantined": s.quarantined}
+            | {"held": True}  # the round rolled back under its adoption
         )
     return RememberResult(skills=touched), StageRecords()
 

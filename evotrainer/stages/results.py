@@ -244,6 +244,12 @@ class RememberResult(Record):
     skills: list[dict[str, Any]]
 
 
+def skill_note(s: dict[str, Any]) -> str:
+    """One skill a round's remember stage touched, as the console and the report say it."""
+    held = "; held against its adoption: the round rolled back under it" if s.get("held") else ""
+    return f"{s['skill']} ({s['wins']} won, {s['losses']} lost{', quarantined' if s['quarantined'] else ''}{held})"
+
+
 class Stop(Record):
     """Why the run stops ("": it goes on), and the budget cap that stopped it ("" when none did)."""
 

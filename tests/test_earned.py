@@ -22,9 +22,10 @@ from rich.console import Console
 
 from conftest import small_config
 from evotrainer.cli.loop import run_state
+from evotrainer.harness.interventions import Hypothesis, Intervention
 from evotrainer.loop import run_loop
 from evotrainer.report import write_report
-from evotrainer.skills.library import SkillLibrary
+from evotrainer.skills.library import Evidence, SkillLibrary, model_name
 from evotrainer.stages.results import Rollback, read_stage
 from evotrainer.stages.start import held_against, open_run
 from evotrainer.store.ledger import Ledger
@@ -159,9 +160,6 @@ def test_a_round_rolled_back_under_an_adopted_harness_counts_against_the_skill(t
     round's one step leaves the policy standing, then the control under the adopted harness destroys it, so the
     regression guard sends the mainline back. That is the adoption doing harm: a loss against the skill in the
     context it was adopted from, and the next run starting there adopts nothing."""
-    from evotrainer.harness.interventions import Hypothesis, Intervention
-    from evotrainer.skills.library import Evidence, model_name
-
     skills = tmp_path / "skills"
     cfg = _cfg(tmp_path, "harmed", skills, adopt_skills=True)
     start = cfg.harness.model_copy(

@@ -30,6 +30,8 @@ from evotrainer.proposers.proposer import SkillMatch, similarity
 from evotrainer.store.files import atomic_write_text
 
 WINS_TO_LEAVE_QUARANTINE = 2
+FOR = ("promote", "repair")
+"""The evidence decisions that create a skill and count for its adoption (against `reject`)."""
 GLOBAL_LIBRARY = Path("~/.evotrainer/skills")
 """A library shared by every project of this user: read and written only where loop.skills_dir names it."""
 PROJECT_LIBRARY = "skills"
@@ -214,7 +216,7 @@ class SkillLibrary:
             skill.evidence.append(ev)
             if ev.domain and ev.domain not in skill.domains:
                 skill.domains.append(ev.domain)
-            if ev.decision in ("promote", "repair"):
+            if ev.decision in FOR:
                 # The trigger signature grows to every signature it has won or repaired under.
                 skill.signature = sorted(set(skill.signature) | set(ev.signature))
             self._write(skill)
@@ -272,7 +274,7 @@ class SkillLibrary:
         best = None
         for s in self.all():
             here = s.evidence_in(domain, model, h.version)
-            net = sum(e.decision in ("promote", "repair") for e in here) - sum(e.decision == "reject" for e in here)
+            net = sum(e.decision in FOR for e in here) - sum(e.decision == "reject" for e in here)
             if net <= 0:
                 continue
             try:

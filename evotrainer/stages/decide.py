@@ -5,6 +5,8 @@ trial itself (stage 6) is race.py."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from evotrainer.backtest import gate
 from evotrainer.backtest.statistics import Noise, Pair
 from evotrainer.backtest.trial import ArmResult
@@ -23,7 +25,7 @@ from evotrainer.diagnostics.detector import Finding
 from evotrainer.diagnostics.suite import Suite
 from evotrainer.harness.harness import Harness, save_harness
 from evotrainer.ids import EVAL, branch_id, rollout_id, trial_id
-from evotrainer.skills.library import Evidence, model_name
+from evotrainer.skills.library import FOR, Skill
 from evotrainer.stages.context import RunContext, StageRecords, arm_charge
 from evotrainer.stages.noise import BankedPair, NoiseBank, bank_noise, with_pairs
 from evotrainer.stages.race import exploiting_controls
@@ -39,7 +41,7 @@ from evotrainer.stages.results import (
     VerdictLine,
     read_stage,
 )
-from evotrainer.stages.start import expect_evaluator, held_against
+from evotrainer.stages.start import expect_evaluator, held_against, run_evidence
 from evotrainer.store.ledger import Ledger
 
 
@@ -430,35 +432,23 @@ def remember(
     creates one (quarantined), and so does a repair (`promoted.repaired`: the rejected remedy whose harness the
     mainline took in place of one that pays an exploit), recorded as `repair`: neither a win nor a loss. A round
     rolled back under the harness the run adopted counts against the adopted skills (start.held_against)."""
-    cfg, touched, repaired = ctx.cfg, [], promoted.repaired
+    touched, repaired = [], promoted.repaired
+
+    def note(s: Skill, trial: str) -> dict[str, Any]:
+        return {"skill": s.id, "trial": trial, "wins": s.wins, "losses": s.losses, "quarantined": s.quarantined}
+
     for v, survivor in zip(gated.verdicts, survivors):
         p = survivor.proposal
         decision = "repair" if repaired is not None and repaired.trial == v.trial else v.decision
-        ev = Evidence(
-            run=cfg.run.name,
-            round=rnd,
-            trial=v.trial,
-            decision=decision,
-            effect=v.delta,
-            domain=cfg.env.domain,
-            signature=list(sig),
-            model=model_name(cfg.policy),
-            harness=harness,
-            before=p.intervention.before,
-            reused=p.skill_id is not None,
-        )
-        s = ctx.skills.record(
-            p.intervention, ev, source=p.source, create=decision in ("promote", "repair"), sid=p.skill_id
-        )
+        ev = run_evidence(ctx.cfg, round=rnd, trial=v.trial, decision=decision, effect=v.delta, signature=list(sig),
+                          harness=harness, before=p.intervention.before, reused=p.skill_id is not None)  # fmt: skip
+        s = ctx.skills.record(p.intervention, ev, source=p.source, create=decision in FOR, sid=p.skill_id)
         if s is not None:
-            touched.append(
-                {"skill": s.id, "trial": v.trial, "wins": s.wins, "losses": s.losses, "quarantined": s.quarantined}
-            )
-    for trial, s in held_against(ctx, rnd, harness, promoted.rejected, sig):
-        touched.append(
-            {"skill": s.id, "trial": trial, "wins": s.wins, "losses": s.losses, "quarantined": s.quarantined}
-            | {"held": True}  # the round rolled back under its adoption
-        )
+            touched.append(note(s, v.trial))
+    # A loss held against an adoption: the round rolled back under the harness it made.
+    touched += [
+        note(s, trial) | {"held": True} for trial, s in held_against(ctx, rnd, harness, promoted.rejected, sig)
+    ]
     return RememberResult(skills=touched), StageRecords()
 
 

@@ -24,7 +24,7 @@ from evotrainer.policies import check_device, check_policy_path, load_policy, pl
 from evotrainer.policies.hf import HFPolicy
 from evotrainer.proposers.heuristic import HeuristicProposer
 from evotrainer.proposers.proposer import Proposer
-from evotrainer.skills.library import Evidence, Skill, SkillLibrary, library_dir, model_name
+from evotrainer.skills.library import FOR, Evidence, Skill, SkillLibrary, library_dir, model_name
 from evotrainer.stages.context import RunContext, StageRecords, split_heldout
 from evotrainer.stages.results import (
     Adoption,
@@ -259,6 +259,11 @@ def start(ctx: RunContext, say: Any) -> tuple[StartResult, StageRecords]:
     )
 
 
+def run_evidence(cfg: RunConfig, **fields: Any) -> Evidence:
+    """Evidence from this run, in its context: the run, the domain and the model (`fields`: the rest)."""
+    return Evidence(run=cfg.run.name, domain=cfg.env.domain, model=model_name(cfg.policy), **fields)
+
+
 def adopt(ctx: RunContext, harness: Harness, say: Any) -> tuple[Harness, list[Adoption]]:
     """The library's skills proven in this context, adopted one after another (each a child version of the last,
     so a run that promoted a chain hands the whole chain to the next), each recorded in its skill's evidence."""
@@ -274,13 +279,13 @@ def adopt(ctx: RunContext, harness: Harness, say: Any) -> tuple[Harness, list[Ad
             break
         here = s.evidence_in(domain, model, harness.version)
         won = [f"{e.run}/{e.trial}" + ("" if e.decision == "promote" else " (repair)") for e in here
-               if e.decision in ("promote", "repair")]  # fmt: skip
+               if e.decision in FOR]  # fmt: skip
         out.append(
             Adoption(skill=s.id, intervention=iv, harness_from=harness.version, harness_to=child.version, won=won)
         )
         trial = f"adopt-{len(out)}"  # one evidence record a run and adoption: a redone start stage adds nothing
-        ev = Evidence(run=cfg.run.name, round=0, trial=trial, decision="adopt", domain=domain, model=model,
-                      harness=harness.version, before=iv.before, reused=True)  # fmt: skip
+        ev = run_evidence(cfg, round=0, trial=trial, decision="adopt", harness=harness.version, before=iv.before,
+                          reused=True)  # fmt: skip
         ctx.skills.record(iv, ev, source="library", create=False, sid=s.id)
         save_harness(ctx.run_dir, child)
         say(f"adopted skill {s.id}: {iv.describe()} (won or repaired {len(won)} trial(s) from this harness: "
@@ -301,18 +306,19 @@ def held_against(
     run fell in round 6 of 8 and still ended above its cold run), and another exploit is not the skill's. Without
     this no verdict is ever made on an adoption, and the next run would adopt it again. Returns (the evidence's
     trial id, the skill as recorded)."""
+    if back is None or back.branch != branch_id(rnd, "control") or not ctx.cfg.loop.adopt_skills:
+        return []  # the start stage is read only where a rollback could count
     started = read_stage(ctx.ledger, 0, "start")
     chain = started.adopted or []
-    if back is None or back.branch != branch_id(rnd, "control") or not chain or chain[-1].harness_to != harness:
+    if not chain or chain[-1].harness_to != harness:
         return []
     fell = back.reasons == ["regression"] and back.rolled_back_to == started.head.branch
-    cfg, out = ctx.cfg, []
+    out = []
     for i, a in enumerate(chain, 1):
         if not fell and f"validity:{a.intervention.hypothesis.finding}" not in back.reasons:
             continue
-        ev = Evidence(run=cfg.run.name, round=rnd, trial=f"adopt-{i}-held", decision="reject",
-                      domain=cfg.env.domain, signature=list(sig), model=model_name(cfg.policy),
-                      harness=a.harness_from, before=a.intervention.before, reused=True)  # fmt: skip
+        ev = run_evidence(ctx.cfg, round=rnd, trial=f"adopt-{i}-held", decision="reject", signature=list(sig),
+                          harness=a.harness_from, before=a.intervention.before, reused=True)  # fmt: skip
         if (skill := ctx.skills.record(a.intervention, ev, source="library", create=False, sid=a.skill)) is not None:
             out.append((ev.trial, skill))
     return out

@@ -130,12 +130,14 @@ def run_round(ctx: RunContext, tell: Narrator, rnd: int, head: Mainline) -> tupl
     )
     suite, proposals = proposed.suite, [p.proposal() for p in proposed.proposals]
     tell.propose(proposals)
-    # -- 5. replay: re-score the segment's rollouts; drop what changes nothing or worsens the audit AUC -----------
+    # -- 5. replay: re-score the segment's rollouts; drop what changes nothing or worsens the audit AUC, and replay
+    # a spare proposal in the place of each one dropped -----------------------------------------------------------
+    pool = proposals + [p.proposal() for p in proposed.spares or []]
     replayed = stage(
-        ctx, rnd, "replay", ReplayResult, lambda: search.replay_stage(ctx, harness, proposals, findings, seg.branch)
+        ctx, rnd, "replay", ReplayResult, lambda: search.replay_stage(ctx, harness, pool, findings, seg.branch)
     )
-    survivors = replayed.survivors(proposals)
-    tell.replay(replayed, proposals)
+    survivors = replayed.survivors(pool)
+    tell.replay(replayed, pool, len(proposals))
     # -- 6. trial: control, candidates and (when due) the A-A control, from one checkpoint ---------------------
     # A segment whose own window carries a validity finding is not built on: the arms fork from where the
     # round started, so the remedy is tried on a policy the exploit never touched.

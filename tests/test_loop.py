@@ -18,9 +18,11 @@ from evotrainer.diagnostics.suite import Suite
 from evotrainer.envs.registry import make_domain
 from evotrainer.errors import ConfigError
 from evotrainer.evaluation import evaluate, evaluator_hash
+from evotrainer.harness.interventions import Intervention
 from evotrainer.ids import EVAL, TRAIN, branch_id, parse_shard, rollout_id, shard_id, trial_id
 from evotrainer.loop import run_loop, run_round
 from evotrainer.policies.hf import HFPolicy
+from evotrainer.proposers.proposer import intervention_key
 from evotrainer.skills.library import model_name
 from evotrainer.stages import race
 from evotrainer.stages.context import split_heldout
@@ -353,11 +355,41 @@ def test_a_planted_intervention_is_raced_first_under_the_same_screen_and_gate(tm
     assert p.intervention.bound and p.intervention.before_absent
     # Round 2: the list is spent, so the proposer's own candidate is back.
     assert second.proposals and all(q.source != "planted" for q in second.proposals)
-    # It went on as any proposal does: kept or dropped by the replay, and if raced, its trial is on record.
+    # It went on as any proposal does: kept or dropped by the replay (then the proposer's spare replayed in its
+    # place), and if raced, its trial is on record.
     replay = read_stage(ledger, 1, "replay")
-    assert [d.index for d in replay.kept + replay.dropped] == [0]
+    planted_kept = [d.index for d in replay.kept] == [0]
+    assert sorted(d.index for d in replay.kept + replay.dropped) == ([0] if planted_kept else [0, 1])
     raced = [t for t in ledger.trials() if t["round"] == 1]
-    assert [t["source"] for t in raced] == (["planted"] if replay.kept else [])
+    assert [t["source"] for t in raced] == (["planted"] if planted_kept else [first.spares[0].source])
+
+
+def test_a_proposal_the_replay_drops_gives_its_slot_to_the_next_one(tmp_path, math_setup):
+    """The round's only slot is taken by a change the replay shows does nothing (masking timeouts: a math rollout
+    never times out); the proposer's next proposal, kept as a spare, is replayed in its place and raced, where the
+    round used to race nothing (two SWE runs lost a round each so: the std filter dropped, nothing raced)."""
+    no_op = {
+        "kind": "add_filter",
+        "target": "filters.mask_terminations",
+        "value": ["timeout"],
+        "hypothesis": {"finding": "plateau", "signal": "heldout/accuracy", "direction": "up"},
+    }
+    cfg = loop_config(tmp_path, loop={"max_rounds": 1, "candidates": 1, "planted": [no_op]})
+    out = io.StringIO()
+    run_loop(cfg, Console(file=out, width=400))
+    ledger = Ledger(tmp_path / "runs" / "t" / "ledger.sqlite")
+    proposed, replay = read_stage(ledger, 1, "propose"), read_stage(ledger, 1, "replay")
+    assert [p.source for p in proposed.proposals] == ["planted"] and proposed.spares and len(proposed.spares) == 1
+    [spare] = proposed.spares
+    assert spare.source != "planted" and spare.key != proposed.proposals[0].key
+    assert [(d.index, d.why) for d in replay.dropped] == [(0, "no effect on advantages or masks")]
+    assert [d.index for d in replay.kept] == [1]
+    [raced] = [t for t in ledger.trials() if t["round"] == 1]
+    assert raced["source"] == spare.source
+    assert intervention_key(Intervention.model_validate(raced["intervention"])) == spare.key
+    assert f"in its place the spare {spare.intervention.describe()}" in " ".join(out.getvalue().split())
+    html = (tmp_path / "runs" / "t" / "report.html").read_text()
+    assert "in its place, the spare: " in html
 
 
 @pytest.mark.parametrize("format_weight", [1.0, 0.1])

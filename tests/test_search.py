@@ -227,3 +227,47 @@ def test_dead_outcome_groups_get_the_domains_partial_credit(stored, paid, term):
     assert not any(iv.target == f"reward_weights.{term}" for iv in candidates_for(finding(f.name, f.knobs[:1]), h))
     h2 = Harness(reward_weights={"tests_restored": 1.0})
     assert not any(iv.target == f"reward_weights.{term}" for iv in candidates_for(f, h2))
+
+
+def test_an_exploratory_move_rejected_under_one_signature_is_not_explored_again_under_another():
+    """One SWE run raced the learning rate x10 three times in four rounds: alone with no finding, then paired, and
+    the pair again once the findings had changed, since a rejection blocked only under its own signature. An
+    exploratory move answers no finding, so its rejection holds under any; a remedy a new finding motivates, the
+    same change included, still gets its trial, and the rejection still expires."""
+    from evotrainer.proposers.proposer import Proposal
+
+    past = [rejected("optimizer.learning_rate", 1e-3, ("tool_errors",))]  # H's rate x10, explored and rejected
+    explored = past[0].intervention
+    motivated = explored.model_copy(update={"hypothesis": Hypothesis(finding="plateau", signal="x", direction="up")})
+    later = brief([], past, limit=1)  # no finding now: another signature
+    kept, refused = screen([Proposal(explored, "explore"), Proposal(motivated, "catalog")], later)
+    assert [p.source for p in kept] == ["catalog"]
+    assert "as an exploratory move" in refused[0].reason
+    # The proposer explores the next move (rung-major: the temperature's), where before this it explored the same
+    # x10 again.
+    first = HeuristicProposer().propose(later).proposals[0].intervention
+    assert (first.target, first.value) != ("optimizer.learning_rate", 1e-3) and first.hypothesis.finding == "explore"
+    # A pair built from the exploratory move keeps its hypothesis: rejected under one signature, blocked under all.
+    pair = explored.model_copy(
+        update={
+            "paired": Intervention(
+                kind="set_knob", target="multi_turn.tool_error", value="end", hypothesis=explored.hypothesis
+            )
+        }
+    ).bind(H)
+    paired = [PastTrial(2, pair, ("dead_outcome_groups",), "reject", (), 0.0, harness=H.version, step=45)]
+    assert not screen([Proposal(pair, "pair")], brief([], paired))[0]
+    assert screen([Proposal(pair, "pair")], brief([], paired, step=106))[0]  # 61 steps later: expired
+
+
+def test_the_heuristic_keeps_its_next_proposals_as_spares_for_the_replay():
+    f = [finding("plateau", ("optimizer.learning_rate", "sampling.temperature", "loss.entropy_coef"))]
+    out = HeuristicProposer().propose(brief(f, limit=2))
+    keys = [intervention_key(p.intervention) for p in out.proposals + out.spares]
+    assert len(out.proposals) == 2 and len(out.spares) == 2 and len(set(keys)) == 4
+    # Screened like the proposals: a rejected move is no spare either.
+    past = [rejected(p.intervention.target, p.intervention.value, ("plateau",)) for p in out.spares]
+    again = HeuristicProposer().propose(brief(f, past, limit=2))
+    assert not {intervention_key(t.intervention) for t in past} & {
+        intervention_key(p.intervention) for p in again.proposals + again.spares
+    }

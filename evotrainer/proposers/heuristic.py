@@ -488,5 +488,7 @@ class HeuristicProposer:
             if p.source == "explore"
             and intervention_key(p.intervention) not in {intervention_key(m.intervention) for m in main}
         ]
-        out = main + extra[: brief.limit - len(main)]
-        return ProposerOutput(out[: brief.limit])
+        out = (main + extra[: brief.limit - len(main)])[: brief.limit]
+        taken = {intervention_key(p.intervention) for p in out}
+        spares = [p for p in kept if intervention_key(p.intervention) not in taken][: brief.limit]
+        return ProposerOutput(out, spares=spares)

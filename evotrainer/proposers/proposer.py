@@ -102,11 +102,14 @@ class Proposal:
 class ProposerOutput:
     """Everything a proposer produces in one round: its proposals; detectors it wrote (as written: the
     loop admits or refuses each after the same checks and backtest as induced ones); and what it spent
-    besides the policy's compute (an LLM's tokens, cost and seconds), charged to the propose stage."""
+    besides the policy's compute (an LLM's tokens, cost and seconds), charged to the propose stage. `spares`: its
+    next proposals beyond the limit, best first, which the replay takes in order where it drops one (a proposer
+    may give none)."""
 
     proposals: list[Proposal]
     detectors: list[dict[str, Any]] = field(default_factory=list)
     charges: dict[str, Charge] = field(default_factory=dict)
+    spares: list[Proposal] = field(default_factory=list)
 
 
 class Proposer(Protocol):
@@ -133,13 +136,25 @@ def standing(t: PastTrial, brief: Brief) -> bool:
     )
 
 
+# An exploratory move answers no finding, so the findings of the round that rejected it say nothing about where it
+# could win: its rejection blocks it (or a pair built from it, which keeps its hypothesis) as an exploratory move
+# again under any signature. Without this the same move came back each time the findings changed (one SWE run
+# raced a learning rate x10 three times in four rounds). A remedy that a finding motivates is still blocked only
+# under the signature it was rejected under: the new finding is new evidence.
+def _exploratory(iv: Intervention) -> bool:
+    return iv.hypothesis.finding == "explore"
+
+
 def screen(proposals: list[Proposal], brief: Brief) -> tuple[list[Proposal], list[Refusal]]:
     """Keep proposals that apply to the harness as exactly one change, are not duplicates, and were not
-    rejected under the same signature since the mainline last moved on; bind each to the harness."""
+    rejected under the same signature (an exploratory move: under any) since the mainline last moved on; bind
+    each to the harness."""
     kept: list[Proposal] = []
     refused: list[Refusal] = []
     seen: set[str] = set()
-    rejected = {(intervention_key(t.intervention), t.signature) for t in brief.history if standing(t, brief)}
+    blocking = [t for t in brief.history if standing(t, brief)]
+    rejected = {(intervention_key(t.intervention), t.signature) for t in blocking}
+    explored = {intervention_key(t.intervention) for t in blocking if _exploratory(t.intervention)}
     for p in proposals:
         key = intervention_key(p.intervention)
         try:
@@ -154,6 +169,8 @@ def screen(proposals: list[Proposal], brief: Brief) -> tuple[list[Proposal], lis
             refused.append(
                 Refusal(p, f"already rejected on this run under the same signature {list(brief.signature)}")
             )
+        elif key in explored and _exploratory(p.intervention):
+            refused.append(Refusal(p, "already rejected on this run as an exploratory move (under any signature)"))
         else:
             seen.add(key)
             kept.append(Proposal(bound, p.source, p.skill_id, p.note))

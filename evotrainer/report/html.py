@@ -201,6 +201,19 @@ def _branches(shape: RoundShape | None, decision: dict[str, str]) -> str:
     return "".join(out) + "</table>"
 
 
+def _dropped(rep: Any, prop: Any) -> list[str]:
+    """What the replay dropped, and the spare proposals replayed in their place."""
+    out = ["<p class=muted>dropped by replay: " + "; ".join(_e(d.why) for d in rep.dropped) + "</p>"]
+    if prop and (spare := [k for k in rep.kept if k.index >= len(prop.proposals)]):
+        pool = prop.proposals + (prop.spares or [])
+        out.append(
+            "<p class=muted>in its place, the spare: "
+            + "; ".join(_e(pool[k.index].intervention.describe()) for k in spare)
+            + "</p>"
+        )
+    return out
+
+
 def _round(
     rnd: int,
     results: dict[tuple[int, str], Any],
@@ -253,7 +266,7 @@ def _round(
                 + "</p>"
             )
     if (rep := results.get((rnd, "replay"))) and rep.dropped:
-        parts.append("<p class=muted>dropped by replay: " + "; ".join(_e(d.why) for d in rep.dropped) + "</p>")
+        parts += _dropped(rep, prop)
     if (g := results.get((rnd, "gate"))) and g.control_rejected:
         rej = results[(rnd, "promote")].rejected if (rnd, "promote") in results else None
         fix = results[(rnd, "promote")].repaired if (rnd, "promote") in results else None

@@ -149,6 +149,11 @@ class ProposalRecord(Record):
 class ProposeResult(Record):
     signature: list[str]
     proposals: list[ProposalRecord]
+    spares: list[ProposalRecord] | None = None
+    """Screened proposals beyond loop.candidates, best first: where the replay drops a proposal (it changes nothing
+    on the segment's rollouts, or worsens the audit AUC), the next spare is replayed in its place, so a no-op does
+    not leave the round's slot empty (None: none, and a ledger written before spares)."""
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("spares",)
     refused: list[dict[str, Any]]
     skills_matched: list[str]
     suite: Suite
@@ -166,7 +171,7 @@ class ReplayResult(Record):
     dropped: list[ReplayDecision]
 
     def survivors(self, proposals: list[Proposal]) -> list[Survivor]:
-        """The proposals that go on to a trial (of the round's `proposals`), each with its replay."""
+        """The proposals that go on to a trial (of the round's proposals, then its spares), each with its replay."""
         return [Survivor(proposals[k.index], k.replay) for k in self.kept]
 
 

@@ -61,7 +61,7 @@ def propose(
     )
     out = ctx.proposer.propose(brief)
     planted = [Proposal(iv, "planted", note="loop.planted") for iv in cfg.loop.planted[rnd - 1 : rnd]]
-    kept, refused = screen(planted + list(out.proposals), brief)
+    kept, refused = screen(planted + list(out.proposals) + list(out.spares), brief)
     if cfg.train.backend == "trl":  # an arm under a harness TRL cannot honour would stop the run
         why = {id(p): unhonoured(p.intervention.apply(harness)) for p in kept}
         refused += [Refusal(p, f"train.backend trl does not honour:{why[id(p)]}") for p in kept if why[id(p)]]
@@ -74,6 +74,7 @@ def propose(
     return ProposeResult(
         signature=list(sig),
         proposals=[record(p) for p in kept[: cfg.loop.candidates]],
+        spares=[record(p) for p in kept[cfg.loop.candidates : 2 * cfg.loop.candidates]] or None,
         refused=[{"proposal": record(r.proposal).model_dump(mode="json"), "reason": r.reason} for r in refused],
         skills_matched=[m.skill_id for m in brief.skills],
         suite=new_suite,
@@ -85,12 +86,15 @@ def replay_stage(
     ctx: RunContext, harness: Harness, proposals: list[Proposal], findings: list[Finding], seg_branch: str
 ) -> tuple[ReplayResult, StageRecords]:
     """Re-score the segment's rollouts under each replayable proposal (rewards, shaping, filters,
-    estimator); the rest need a trial and go on."""
+    estimator); the rest need a trial and go on. `proposals` are the round's, then its spares: once
+    loop.candidates go on, the spares left are not needed."""
     kept, dropped = [], []
     terms = list(harness.reward_weights) + [t for t in ctx.domain.reward_terms if t not in harness.reward_weights]
     cols = load_columns(ctx.store, terms, where=f"split = 'train' AND branch = {sql_str(seg_branch)}")
     flagged = {i for f in findings for i in f.evidence}
     for i, p in enumerate(proposals):
+        if len(kept) == ctx.cfg.loop.candidates:
+            break
         if not p.intervention.replayable:
             kept.append(ReplayDecision(index=i, replay=None, why="needs a trial (not replayable)"))
             continue

@@ -271,3 +271,34 @@ def test_the_heuristic_keeps_its_next_proposals_as_spares_for_the_replay():
     assert not {intervention_key(t.intervention) for t in past} & {
         intervention_key(p.intervention) for p in again.proposals + again.spares
     }
+
+
+def test_a_graded_move_that_repeats_a_catalog_remedy_under_another_kind_is_not_proposed_again():
+    """Dead outcome groups of solved prompts on SWE: the catalog's std filter (`add_filter`, keep ratio 0.9) and
+    the graded move that switches the same knob on (`set_knob`, 0.9) are one change. An SWE run's replay dropped
+    both as the same no-op, the second in a spare's place; the curriculum move comes up in its place."""
+    f = [
+        finding(
+            "dead_outcome_groups",
+            (
+                "filters.std_keep_ratio",
+                "curriculum.easy_threshold",
+                "sampling.temperature",
+                "sampling.num_generations",
+            ),
+        )
+    ]
+    changes = [(iv.target, iv.value) for iv in candidates_for(f[0], Harness())]
+    assert changes.count(("filters.std_keep_ratio", 0.9)) == 1 and len(changes) == len(set(changes))
+    assert changes[:3] == [
+        ("filters.std_keep_ratio", 0.9),
+        ("sampling.temperature", 1.3),
+        ("curriculum.easy_threshold", 1.0),
+    ]
+    out = HeuristicProposer().propose(brief(f, limit=2, h=Harness()))
+    assert (out.proposals[0].intervention.kind, out.proposals[0].intervention.target) == (
+        "add_filter",
+        "filters.std_keep_ratio",
+    )
+    # The next two catalog changes are the spares (the second slot explores).
+    assert [(p.intervention.target, p.intervention.value) for p in out.spares] == changes[1:3]

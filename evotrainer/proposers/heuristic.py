@@ -347,17 +347,20 @@ def candidates_for(f: Finding, h: Harness) -> list[Intervention]:
             ),
             None,
         )
+        # A catalog remedy that sets the same value under another kind (add_filter, not set_knob) is the same
+        # change: its graded move would take a spare slot and be replayed to the same no-op (an SWE run did both).
+        remedied = {intervention_key(iv).split(":", 1)[1] for iv in out}
         for v in moves(h, path, up):
-            out.append(
-                Intervention(
-                    kind="set_knob",
-                    target=path,
-                    value=v,
-                    hypothesis=Hypothesis(
-                        finding=f.name, signal=ACC, direction="up", rationale=f"{f.name} names {path}: a graded move"
-                    ),
-                )
+            move = Intervention(
+                kind="set_knob",
+                target=path,
+                value=v,
+                hypothesis=Hypothesis(
+                    finding=f.name, signal=ACC, direction="up", rationale=f"{f.name} names {path}: a graded move"
+                ),
             )
+            if intervention_key(move).split(":", 1)[1] not in remedied:
+                out.append(move)
     return out
 
 

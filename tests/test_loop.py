@@ -358,6 +358,7 @@ def test_a_planted_intervention_is_raced_first_under_the_same_screen_and_gate(tm
     # It went on as any proposal does: kept or dropped by the replay (then the proposer's spare replayed in its
     # place), and if raced, its trial is on record.
     replay = read_stage(ledger, 1, "replay")
+    assert len(replay.kept) <= 1  # loop.candidates: a spare is replayed only in the place of one dropped
     planted_kept = [d.index for d in replay.kept] == [0]
     assert sorted(d.index for d in replay.kept + replay.dropped) == ([0] if planted_kept else [0, 1])
     raced = [t for t in ledger.trials() if t["round"] == 1]

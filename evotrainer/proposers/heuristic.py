@@ -16,7 +16,7 @@ from evotrainer.harness.interventions import Hypothesis, Intervention, knob_valu
 from evotrainer.harness.remedies import ACC, DROP_TERM, REWEIGHT_TERM, Remedy, const, scale
 from evotrainer.proposers.moves import moves
 from evotrainer.proposers.pairs import pairs
-from evotrainer.proposers.proposer import Brief, Proposal, ProposerOutput, intervention_key, screen
+from evotrainer.proposers.proposer import Brief, Proposal, ProposerOutput, change_key, intervention_key, screen
 
 
 def _restore_spread(h: Harness, f: Finding) -> Any:
@@ -336,6 +336,9 @@ def candidates_for(f: Finding, h: Harness) -> list[Intervention]:
     catalog's value, or when the catalog has none for that knob): the search never runs out of moves
     while a finding stands."""
     out = [iv for r in remedies_for(f.name) for iv in _remedy(r, f, h)]
+    # A graded move that sets what a catalog remedy sets under another kind (set_knob, not add_filter) is the same
+    # change, and would take a slot only to be replayed to the same result.
+    remedied = {change_key(iv) for iv in out}
     for path in f.knobs:
         if path.startswith("reward_weights."):
             continue  # a term moves by its remedies, not by graded moves (moves.py); it may not be paid yet
@@ -347,9 +350,6 @@ def candidates_for(f: Finding, h: Harness) -> list[Intervention]:
             ),
             None,
         )
-        # A catalog remedy that sets the same value under another kind (add_filter, not set_knob) is the same
-        # change: its graded move would take a spare slot and be replayed to the same no-op (an SWE run did both).
-        remedied = {intervention_key(iv).split(":", 1)[1] for iv in out}
         for v in moves(h, path, up):
             move = Intervention(
                 kind="set_knob",
@@ -359,7 +359,7 @@ def candidates_for(f: Finding, h: Harness) -> list[Intervention]:
                     finding=f.name, signal=ACC, direction="up", rationale=f"{f.name} names {path}: a graded move"
                 ),
             )
-            if intervention_key(move).split(":", 1)[1] not in remedied:
+            if change_key(move) not in remedied:
                 out.append(move)
     return out
 

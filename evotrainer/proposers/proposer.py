@@ -33,6 +33,11 @@ def intervention_key(iv: Intervention) -> str:
     return own if iv.paired is None else f"{own} + {intervention_key(iv.paired)}"
 
 
+def change_key(iv: Intervention) -> str:
+    """What an intervention sets, whatever its kind (add_filter or set_knob): its key less the kind."""
+    return intervention_key(iv).split(":", 1)[1]
+
+
 @dataclass(frozen=True)
 class PastTrial:
     """One trial of this run, as the proposer sees it."""
@@ -138,9 +143,8 @@ def standing(t: PastTrial, brief: Brief) -> bool:
 
 # An exploratory move answers no finding, so the findings of the round that rejected it say nothing about where it
 # could win: its rejection blocks it (or a pair built from it, which keeps its hypothesis) as an exploratory move
-# again under any signature. Without this the same move came back each time the findings changed (one SWE run
-# raced a learning rate x10 three times in four rounds). A remedy that a finding motivates is still blocked only
-# under the signature it was rejected under: the new finding is new evidence.
+# again under any signature, or it would come back each time the findings change. A remedy that a finding
+# motivates is still blocked only under the signature it was rejected under: the new finding is new evidence.
 def _exploratory(iv: Intervention) -> bool:
     return iv.hypothesis.finding == "explore"
 

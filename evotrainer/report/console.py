@@ -69,10 +69,10 @@ class Narrator:
             )
         )
 
-    def replay(self, r: ReplayResult, proposals: list[Proposal], spares_from: int | None = None) -> None:
+    def replay(self, r: ReplayResult, proposals: list[Proposal], spares_from: int) -> None:
         """`proposals`: the round's, then its spares from index `spares_from` on (a spare goes on in the place of
         one dropped)."""
-        spare = [k for k in r.kept if spares_from is not None and k.index >= spares_from]
+        spare = [k for k in r.kept if k.index >= spares_from]
         self.say(
             f"5 replay    {len(r.kept)} to trial, {len(r.dropped)} dropped"
             + "".join(f"; dropped {escape(proposals[d.index].intervention.describe())}: {d.why}" for d in r.dropped)

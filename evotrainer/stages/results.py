@@ -153,11 +153,11 @@ class ProposeResult(Record):
     """Screened proposals beyond loop.candidates, best first: where the replay drops a proposal (it changes nothing
     on the segment's rollouts, or worsens the audit AUC), the next spare is replayed in its place, so a no-op does
     not leave the round's slot empty (None: none, and a ledger written before spares)."""
-    OMIT_NONE: ClassVar[tuple[str, ...]] = ("spares",)
     refused: list[dict[str, Any]]
     skills_matched: list[str]
     suite: Suite
     detectors: list[dict[str, Any]]
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("spares",)
 
 
 class ReplayDecision(Record):

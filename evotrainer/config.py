@@ -40,8 +40,9 @@ class RunSection(Section):
     report.html at the end. Each needs its package (`pip install evotrainer[mlflow]`); none by default."""
     keep_checkpoints: Literal["lineage", "heads", "all"] = "lineage"
     """Which checkpoints a loop run keeps once a round's decision is committed. `lineage`: the mainline's (the
-    base and every segment and head it passed through; optimizer state only at the current head); `heads`: only
-    the base (the KL reference) and the current head; `all`: every arm's. A pruned arm loses its weights and
+    base and every segment and head it passed through; optimizer state only at the current head and at the best
+    read the guard stage may go back to); `heads`: only the base (the KL reference), the current head and that
+    best read; `all`: every arm's. A pruned arm loses its weights and
     optimizer state and keeps its small files (arm.json), so the ledger, the report and a resume still read it;
     an undecided round keeps all."""
 

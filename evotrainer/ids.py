@@ -48,6 +48,11 @@ def final_branch(head: str) -> str:
     return f"final-{head}"
 
 
+def guard_branch(head: str) -> str:
+    """The branch the guard stage's read of a head on the gate tasks is stored under (stages/guard.py)."""
+    return f"guard-{head}"
+
+
 def shard_id(branch: str, step: int, kind: str = TRAIN) -> str:
     """A store file of one branch and step, `<branch>-<kind><step:06d>`: the rollouts and metrics of a training
     step (TRAIN) or of an evaluation (EVAL, which evaluation.record_eval spells out itself: that module is part of

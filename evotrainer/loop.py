@@ -22,12 +22,13 @@ from evotrainer.config import RunConfig
 from evotrainer.ids import branch_id
 from evotrainer.report import write_report
 from evotrainer.report.console import Narrator
-from evotrainer.stages import decide, evidence, race, retention, search, start
+from evotrainer.stages import decide, evidence, guard, race, retention, search, start
 from evotrainer.stages.context import RunContext, StageRecords, run_stage, tokens_left
 from evotrainer.stages.results import (
     DiagnoseResult,
     FinalResult,
     GateResult,
+    GuardResult,
     Mainline,
     PromoteResult,
     ProposeResult,
@@ -88,10 +89,8 @@ def run_loop(
         rnd += 1
         if (stop := start.stop_before(ctx, rnd)).reason:
             break
-        head, stop = run_round(ctx, tell, rnd, head)
+        head, stop = close_round(ctx, tell, rnd, head, *run_round(ctx, tell, rnd, head))
         ran = rnd  # a round that ends the run ran too (its segment trained)
-        # -- 10. retention: the round is decided; checkpoints nothing will fork from again give back their disk --
-        tell.pruned(retention.prune(ctx.ledger, ctx.run_dir, cfg.run.keep_checkpoints, rnd, head.branch))
     # -- the end: one read of the final tasks, the summary, the report (a stop asked for now waits for them) ------
     done = run_stage(ctx, 0, "final", FinalResult, lambda: start.final(ctx, head, stop, ran))
     summary = start.summary(ctx, started, done)
@@ -176,7 +175,7 @@ def run_round(ctx: RunContext, tell: Narrator, rnd: int, head: Mainline) -> tupl
         lambda: decide.remember(ctx, rnd, head.harness.version, gated, survivors, proposed.signature, promoted),
     )
     tell.remember(remembered)
-    end = _reread(promoted, gated, seg, taint)
+    end = decide.reread(promoted, gated, seg, taint)
     if promoted.rejected and not survivors:
         return end, Stop(
             reason=f"the control carries an exploit ({', '.join(promoted.rejected.reasons)}) and no remedy is left"
@@ -185,11 +184,14 @@ def run_round(ctx: RunContext, tell: Narrator, rnd: int, head: Mainline) -> tupl
     return end, Stop()
 
 
-def _reread(promoted: PromoteResult, gated: GateResult, seg: ArmResult, taint: list[str]) -> Mainline:
-    """The mainline the round ends on; where it rolled back and its control, on seeds of its own, carried the
-    segment's exploit again, with that segment to read again next round rather than train a third copy of it
-    (Mainline.exploited). Another exploit in the control is no second sample of this one: the next round trains
-    a segment of its own."""
-    again = set(taint) & set(gate.tainted(gated.control_findings))
-    moved = promoted.promoted or promoted.repaired  # the mainline left the harness that pays the exploit
-    return promoted.head.model_copy(update={"exploited": seg}) if again and not moved else promoted.head
+def close_round(
+    ctx: RunContext, tell: Narrator, rnd: int, before: Mainline, head: Mainline, stop: Stop
+) -> tuple[Mainline, Stop]:
+    # -- 10. guard: the new head against the mainline's best read on the gate tasks; far below it, back there ----
+    guarded = stage(ctx, rnd, "guard", GuardResult, lambda: guard.guard(ctx, rnd, before, head))
+    tell.guard(guarded)
+    # -- 11. retention: the round is decided; checkpoints nothing will fork from again give back their disk ----
+    mode = ctx.cfg.run.keep_checkpoints
+    peak = guarded.head.peak
+    tell.pruned(retention.prune(ctx.ledger, ctx.run_dir, mode, rnd, guarded.head.branch, peak and peak.branch))
+    return guarded.head, stop

@@ -57,7 +57,7 @@ def without_added_knobs(dumped, stored):
 def test_every_record_of_an_older_ledger_loads_and_writes_back_its_json(tmp_path, name):
     ledger = Ledger(restore(name, tmp_path) / "ledger.sqlite")
     rows = ledger.rows("SELECT round, stage, result FROM stages")
-    assert {r["stage"] for r in rows} == set(STAGE_RESULTS)
+    assert {r["stage"] for r in rows} == set(STAGE_RESULTS) - {"guard"}  # written before the guard stage
     for r in rows:
         stored = json.loads(r["result"])
         dumped = STAGE_RESULTS[r["stage"]].model_validate(stored).model_dump(mode="json")

@@ -60,8 +60,8 @@ def lineage_run(tmp_path_factory, math_setup):
     real = retention.prune
     seen: dict = {}
 
-    def dies_mid_prune(ledger, run_dir, mode, rnd, head):
-        ckpts, keep = Path(run_dir) / "checkpoints", retention.retained(ledger, mode, head)
+    def dies_mid_prune(ledger, run_dir, mode, rnd, head, peak=None):
+        ckpts, keep = Path(run_dir) / "checkpoints", retention.retained(ledger, mode, head, peak)
         doomed = {b["id"]: weight_files(ckpts / b["id"]) for b in ledger.branches() if b["id"] not in keep}
         seen["recorded"] = {b: sum(f.stat().st_size for f in fs) for b, fs in doomed.items() if fs}
         # As prune does: record first; then delete one file and die.
@@ -86,7 +86,8 @@ def lineage_run(tmp_path_factory, math_setup):
 def test_lineage_keeps_the_mainline_and_prunes_the_weights_of_discarded_arms(lineage_run):
     _, run_dir, summary, _ = lineage_run
     ledger = Ledger(run_dir / "ledger.sqlite")
-    head = read_stage(ledger, 0, "final").head.branch
+    final = read_stage(ledger, 0, "final").head
+    head, peak = final.branch, final.peak.branch
     kept = lineage(ledger, head)
     arms = _arms(run_dir)
     assert {"base", head} <= kept
@@ -94,8 +95,9 @@ def test_lineage_keeps_the_mainline_and_prunes_the_weights_of_discarded_arms(lin
     assert discarded, "a two-candidate round discards arms"
     for b in kept:
         assert has_weights(run_dir / "checkpoints" / b), f"lineage checkpoint {b} lost its weights"
-        # Only the head is forked from again: the lineage behind it keeps its weights, not its optimizer state.
-        assert (run_dir / "checkpoints" / b / "optimizer.pt").is_file() == (b == head), b
+        # Only the head is forked from again, or the mainline's best read (the guard stage may go back to it): the
+        # lineage behind them keeps its weights, not its optimizer state.
+        assert (run_dir / "checkpoints" / b / "optimizer.pt").is_file() == (b in (head, peak)), b
     for b in discarded:
         assert weight_files(run_dir / "checkpoints" / b) == [], f"discarded arm {b} kept its weights"
         assert b in arms, f"discarded arm {b} lost its result file"
@@ -119,9 +121,9 @@ def test_a_prune_killed_half_way_is_finished_on_resume_without_counting_twice(li
     for b in seen["doomed"]:
         assert weight_files(run_dir / "checkpoints" / b) == []
     # Idempotent: pruning the decided rounds again deletes nothing and records nothing.
-    head = read_stage(ledger, 0, "final").head.branch
+    final = read_stage(ledger, 0, "final").head
     for rnd in (1, 2):
-        assert retention.prune(ledger, run_dir, "lineage", rnd, head) == {}
+        assert retention.prune(ledger, run_dir, "lineage", rnd, final.branch, final.peak.branch) == {}
     assert retention.pruned(ledger) == pruned
     assert summary["rounds"] == 2 and summary["stop_reason"] == "loop.max_rounds=2"
 

@@ -10,6 +10,7 @@ from evotrainer.diagnostics.detector import Finding
 from evotrainer.proposers.proposer import Proposal
 from evotrainer.stages.results import (
     GateResult,
+    GuardResult,
     Mainline,
     PromoteResult,
     RememberResult,
@@ -128,6 +129,23 @@ class Narrator:
             )
         )
 
+    def guard(self, g: GuardResult) -> None:
+        if (back := g.rollback) is not None and back.regression is not None:
+            r = back.regression
+            self.say(
+                f"10 guard    {back.branch} read {r.head_accuracy:.3f} on the gate tasks, significantly below the "
+                f"mainline's best, {r.start_accuracy:.3f} at {back.rolled_back_to} (p {r.p:.3g}): [bold]back[/] to "
+                f"it at step {g.head.step}"
+            )
+        elif g.accuracy is not None:
+            best = g.head.peak
+            self.say(
+                f"10 guard    {g.head.branch} reads {g.accuracy:.3f} on the gate tasks"
+                + (f" (the best so far {best.accuracy:.3f}, {best.branch})" if best is not None else "")
+            )
+        elif g.note:
+            self.say(f"10 guard    not read: {g.note}")
+
     def remember(self, r: RememberResult) -> None:
         if r.skills:
             self.say("9 remember  " + "; ".join(skill_note(s) for s in r.skills))
@@ -135,7 +153,7 @@ class Narrator:
     def pruned(self, freed: dict[str, int]) -> None:
         if freed:
             self.say(
-                f"10 retention  pruned the weights of {len(freed)} discarded arm(s) ({', '.join(sorted(freed))}): "
+                f"11 retention  pruned the weights of {len(freed)} discarded arm(s) ({', '.join(sorted(freed))}): "
                 f"{human(sum(freed.values()))} freed"
             )
 

@@ -474,3 +474,13 @@ def disagreements(cand: ArmResult, control: ArmResult, gate_ids: list[str], n: i
         candidate_won=[rid(cand, t) for t in won] + [rid(control, t) for t in won],
         candidate_lost=[rid(cand, t) for t in lost] + [rid(control, t) for t in lost],
     )
+
+
+def reread(promoted: PromoteResult, gated: GateResult, seg: ArmResult, taint: list[str]) -> Mainline:
+    """The mainline the round ends on; where it rolled back and its control, on seeds of its own, carried the
+    segment's exploit again, with that segment to read again next round rather than train a third copy of it
+    (Mainline.exploited). Another exploit in the control is no second sample of this one: the next round trains
+    a segment of its own."""
+    again = set(taint) & set(gate.tainted(gated.control_findings))
+    moved = promoted.promoted or promoted.repaired  # the mainline left the harness that pays the exploit
+    return promoted.head.model_copy(update={"exploited": seg}) if again and not moved else promoted.head

@@ -11,6 +11,7 @@ from evotrainer.diagnostics.revision import PastVerdict, revise
 from evotrainer.diagnostics.suite import Suite
 from evotrainer.ids import DIAGNOSIS, REVISION, branch_id, shard_id
 from evotrainer.stages.context import RunContext, StageRecords, arm_charge, tokens_left
+from evotrainer.stages.guard import read_cost
 from evotrainer.stages.results import BranchRecord, DiagnoseResult, Mainline, ReviseResult
 from evotrainer.store.ledger import Ledger
 
@@ -21,7 +22,7 @@ def train(ctx: RunContext, rnd: int, head: Mainline) -> tuple[ArmResult, StageRe
     harness spends, no more and no less. Where the mainline stands on a segment whose exploit its control carried
     too (Mainline.exploited), that segment is the round's again and nothing trains: a third run under the same
     harness from the same checkpoint would be the same exploit on other seeds, thrown away once more, and the
-    tokens are the remedies'."""
+    tokens are the remedies'. The last segment stops short of the budget by a read of the gate tasks (guard.py)."""
     if head.exploited is not None:
         return head.exploited, StageRecords()
     cfg = ctx.cfg
@@ -37,7 +38,10 @@ def train(ctx: RunContext, rnd: int, head: Mainline) -> tuple[ArmResult, StageRe
         gate=False,
     )
     if left := tokens_left(ctx):
-        spec = replace(spec, tokens=left)
+        # The last segment leaves the guard stage the read of its head, where the budget holds one besides it: a
+        # head nobody reads is one the guard cannot send back.
+        reserve = read_cost(ctx)
+        spec = replace(spec, tokens=left - reserve if left > 2 * reserve else left)
     [r] = ctx.executor.run([spec])
     return r, StageRecords(
         branches=[BranchRecord.of(r, rnd, head.branch, head.suite.version, head.seed(cfg.run.seed))],

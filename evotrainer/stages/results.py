@@ -24,11 +24,27 @@ SEED_STRIDE = 7919
 (Mainline.seed), so no two draw the same tasks and sampling noise."""
 
 
+class Peak(Record):
+    """A checkpoint the mainline passed through, with its read on the gate tasks (stages/guard.py)."""
+
+    branch: str
+    checkpoint: str
+    step: int
+    outcomes: dict[str, bool]
+    attempt: int = 0
+    """The highest Mainline.attempt the mainline has trained from here with: going back here, it trains on the
+    next, so it does not replay the steps that fell to the same draws."""
+
+    @property
+    def accuracy(self) -> float:
+        return sum(self.outcomes.values()) / max(1, len(self.outcomes))
+
+
 class Mainline(Record):
     """Where training continues from: a branch's checkpoint, its harness and suite, and what the next
     round needs to know (the measured noise, whether an A-A control is due, findings carried in)."""
 
-    OMIT_NONE: ClassVar[tuple[str, ...]] = ("raced", "promoted_at", "exploited")
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("raced", "promoted_at", "exploited", "peak")
 
     branch: str
     checkpoint: str
@@ -51,6 +67,9 @@ class Mainline(Record):
     the round's control, on seeds of its own, carried again: the next round diagnoses that segment again instead of
     training a third copy of the exploit, and spends its tokens on its next remedy, or ends the run where none fits
     (None: no such segment, or the mainline has moved, or was rolled back for something else)."""
+    peak: Peak | None = None
+    """The mainline's best read on the gate tasks so far, which the guard stage reads each new head against and
+    rolls back to (None: nothing read yet, or a run from before the guard)."""
 
     def seed(self, base: int) -> int:
         """The seed the round's segment and arms derive theirs from."""
@@ -216,7 +235,8 @@ class GateResult(Record):
 
 class Rollback(Record):
     """The mainline went back to where the round started: the control carries an exploit and nothing valid won,
-    or the new head (`branch`) is significantly below the round's start (reasons ["regression"], its statistic)."""
+    or the new head (`branch`) is significantly below the round's start (reasons ["regression"], its statistic);
+    or, in the guard stage, below the mainline's best read (reasons ["decline"]: it went back to that checkpoint)."""
 
     OMIT_NONE: ClassVar[tuple[str, ...]] = ("regression",)
     branch: str
@@ -253,6 +273,18 @@ def skill_note(s: dict[str, Any]) -> str:
     """One skill a round's remember stage touched, as the console and the report say it."""
     held = "; held against its adoption: the round rolled back under it" if s.get("held") else ""
     return f"{s['skill']} ({s['wins']} won, {s['losses']} lost{', quarantined' if s['quarantined'] else ''}{held})"
+
+
+class GuardResult(Record):
+    """Stage 10 (stages/guard.py): the round's new head read on the gate tasks, against the mainline's best read
+    so far; where it is significantly below that, the mainline goes back there (`rollback`)."""
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("accuracy", "rollback")
+    head: Mainline
+    accuracy: float | None = None
+    """The new head's read on the gate tasks (None: not read, `note` says why)."""
+    rollback: Rollback | None = None
+    note: str = ""
 
 
 class Stop(Record):
@@ -296,6 +328,7 @@ STAGE_RESULTS: dict[str, type[BaseModel]] = {
     "gate": GateResult,
     "promote": PromoteResult,
     "remember": RememberResult,
+    "guard": GuardResult,
     "final": FinalResult,
 }
 

@@ -43,7 +43,7 @@ CREATE TABLE IF NOT EXISTS status (id INTEGER PRIMARY KEY CHECK (id = 0), round 
     updated REAL, pid INTEGER);
 """
 
-STAGES = ("train", "diagnose", "revise", "propose", "replay", "trial", "gate", "promote", "remember")
+STAGES = ("train", "diagnose", "revise", "propose", "replay", "trial", "gate", "promote", "remember", "guard")
 
 
 # Columns added after the first release, with their defaults: an older ledger gains them on open.

@@ -1,0 +1,130 @@
+"""Stage 10, the guard: every round's new head is read on the gate tasks against the best read the mainline has
+had (Mainline.peak); where it is significantly below it (gate.regression, at gate.level, under the run's noise
+model), the mainline goes back to that checkpoint under the harness it has now, and carries a `heldout_regression`
+finding naming the learning rate, so the next round's proposer can try a smaller step.
+
+Why a stage of its own: the race's regression guard compares a new head only with where its own round's arms
+forked, so a mainline that slips a little every round is never caught, and a round whose trial did not run
+(the budget could not hold its arms) is read by nobody. On swe_short at 300k tokens (seed 1) the mainline read
+0.865 on the final tasks after round 4 and ended at 0.785 after three rounds that raced nothing.
+
+A head an arm already read (the control, the winner, a repair's candidate) costs nothing more; a head no arm read
+(a segment whose round raced nothing) is read here, and that read is charged to the budget like any other.
+A round recorded before this stage existed (the next round's segment already trained) is left as it was decided."""
+
+from __future__ import annotations
+
+from evotrainer.backtest import gate
+from evotrainer.backtest.trial import ArmResult
+from evotrainer.backtest.verdict import Regression
+from evotrainer.diagnostics.detector import Finding
+from evotrainer.evaluation import evaluate, record_eval
+from evotrainer.ids import EVAL, guard_branch, rollout_id
+from evotrainer.policies import placement
+from evotrainer.policies.hf import HFPolicy
+from evotrainer.stages.context import RunContext, StageRecords, tokens_left
+from evotrainer.stages.noise import bank_noise
+from evotrainer.stages.results import GuardResult, Mainline, Peak, Rollback, TrialResult, read_stage
+from evotrainer.stages.start import expect_evaluator
+from evotrainer.store.ledger import Charge
+from evotrainer.training.segment import StepContext
+
+
+def guard(ctx: RunContext, rnd: int, before: Mainline, after: Mainline) -> tuple[GuardResult, StageRecords]:
+    """The round's new head (`after`; `before`: where the round started) against the mainline's best read. The
+    first best is where the first round started (the base): a run never ends far below the policy it was given."""
+    peak = after.peak
+    if peak is not None and after.branch == peak.branch and after.attempt > peak.attempt:
+        peak = peak.model_copy(update={"attempt": after.attempt})  # a rollback to it trains on other draws
+    if after.exploited is not None:
+        again = after.model_copy(update={"peak": peak})
+        return GuardResult(head=again, note="the segment is read again"), StageRecords()
+    if ctx.ledger.stage_result(rnd + 1, "train") is not None or ctx.ledger.stage_result(0, "final") is not None:
+        return GuardResult(head=after, note="decided before the guard existed"), StageRecords()
+    records = StageRecords()
+    if peak is None:
+        first, _, records = _read(ctx, rnd, before, records)
+        if first is not None:
+            peak = _peak(before, first, max(before.attempt, after.attempt if after.branch == before.branch else 0))
+    if (after.branch, after.step) == (before.branch, before.step):
+        return GuardResult(head=after.model_copy(update={"peak": peak}), note="the mainline did not move"), records
+    outcomes, ids, records = _read(ctx, rnd, after, records)
+    if outcomes is None:
+        return GuardResult(head=after.model_copy(update={"peak": peak}), note=ids), records
+    acc = sum(outcomes.values()) / max(1, len(outcomes))
+    noise = bank_noise(after.noise, after.harness.version, [])
+    if peak is not None and (reg := gate.regression(outcomes, peak.outcomes, noise, ctx.cfg.gate.level)):
+        back = Rollback(branch=after.branch, reasons=["decline"], rolled_back_to=peak.branch, regression=reg)
+        peak = peak.model_copy(update={"attempt": peak.attempt + 1})
+        head = after.at(peak.branch, peak.checkpoint, peak.step).model_copy(
+            update={"attempt": peak.attempt, "peak": peak, "carry": [_finding(after, outcomes, reg, peak, ids)]}
+        )
+        return GuardResult(head=head, accuracy=acc, rollback=back), records
+    if peak is None or acc >= peak.accuracy:  # ties go to the later checkpoint: less to throw away going back
+        peak = _peak(after, outcomes, after.attempt)
+    return GuardResult(head=after.model_copy(update={"peak": peak}), accuracy=acc), records
+
+
+def _peak(head: Mainline, outcomes: dict[str, bool], attempt: int) -> Peak:
+    return Peak(branch=head.branch, checkpoint=head.checkpoint, step=head.step, outcomes=outcomes, attempt=attempt)
+
+
+def _read(
+    ctx: RunContext, rnd: int, head: Mainline, records: StageRecords
+) -> tuple[dict[str, bool] | None, dict | str, StageRecords]:
+    """The head's gate outcomes and their rollout ids by task: an arm's read of it where one read it at its last
+    step, else a read of its checkpoint now, its charge added to `records` (None and why not where the budget is
+    spent)."""
+    tried = read_stage(ctx.ledger, rnd, "trial")
+    arms: list[ArmResult] = tried.arms if isinstance(tried, TrialResult) else []
+    for a in arms:
+        if a.branch == head.branch and a.last_step == head.step and a.outcomes and not a.stopped:
+            return a.outcomes, _ids(ctx, a.branch, a.last_step), records
+    # The last segment stopped short of the budget by a read (evidence.train), at the step that reached that mark:
+    # the read may pass the budget by what that step went past it, never by more than one step's tokens.
+    if ctx.cfg.budget.generated_tokens and not tokens_left(ctx):
+        return None, "the budget is spent", records
+    cfg = ctx.cfg
+    policy = HFPolicy.load(head.checkpoint, lora_rank=cfg.policy.lora_rank, placement=placement(cfg.policy))
+    ev = evaluate(policy, ctx.domain, ctx.heldout(ctx.gate_ids), cfg.eval)
+    expect_evaluator(ctx, "gate", ev.evaluator_hash, f"the guard's read of {head.branch}")
+    branch = guard_branch(head.branch)
+    record_eval(ctx.store, head.harness, ctx.domain, ev, head.step, StepContext(cfg.run.name, branch, cfg.run.seed))
+    charges = {**records.charges, branch: Charge(sum(e.action_tokens for e in ev.episodes))}
+    return ev.outcomes, _ids(ctx, branch, head.step), StageRecords(charges=charges)
+
+
+def read_cost(ctx: RunContext) -> int:
+    """What a read of the gate tasks has cost this run: the guard's last, else a trial arm's reads (an arm reads
+    the gate tasks at each race checkpoint, at its start when it is a control, and at its end); 0 before any."""
+    rows = ctx.ledger.rows("SELECT generated_tokens FROM charges WHERE stage = 'guard' ORDER BY rowid DESC LIMIT 1")
+    if rows:
+        return int(rows[0]["generated_tokens"])
+    for r in ctx.ledger.rows("SELECT result FROM stages WHERE stage = 'trial' ORDER BY round DESC"):
+        for a in TrialResult.model_validate_json(r["result"]).arms:
+            if a.role == "control" and a.eval_tokens:
+                return a.eval_tokens // (len(a.checkpoint_outcomes) + 1)
+    return 0
+
+
+def _ids(ctx: RunContext, branch: str, step: int) -> dict[str, str]:
+    return {t: rollout_id(branch, step, i, EVAL) for i, t in enumerate(ctx.gate_ids)}
+
+
+def _finding(head: Mainline, outcomes: dict[str, bool], reg: Regression, peak: Peak, ids: dict[str, str]) -> Finding:
+    """The decline as a finding the next round's proposer reads; its evidence, the head's rollouts of tasks the
+    peak solved and the head lost."""
+    lost = [ids[t] for t, ok in peak.outcomes.items() if ok and not outcomes.get(t) and t in ids]
+    return Finding(
+        name="heldout_regression",
+        severity="critical",
+        value=reg.head_accuracy - reg.start_accuracy,
+        threshold=1.0 - reg.level,
+        evidence=tuple(lost[:5]),
+        knobs=("optimizer.learning_rate",),
+        message=f"{head.branch} read {reg.head_accuracy:.3f} on the gate tasks against {reg.start_accuracy:.3f} at "
+        f"{peak.branch}, the mainline's best ({reg.wins} won, {reg.losses} lost, p {reg.p:.3g}): its steps since "
+        "left what the policy knew behind",
+        branch=head.branch,
+        last_step=head.step,
+    )

@@ -290,7 +290,18 @@ def _round(
             f"{r.start_accuracy:.3f} where the round started ({r.wins} won, {r.losses} lost, p {r.p:.3g} under phi "
             f"{r.phi:.2f}); the mainline rolled back to {_e(rej.rolled_back_to)}</p>"
         )
-    return parts + _skills(results.get((rnd, "remember")))
+    return parts + _skills(results.get((rnd, "remember"))) + _guarded(results.get((rnd, "guard")))
+
+
+def _guarded(g: Any) -> list[str]:
+    """The guard stage's rollback, where it sent the mainline back to its best read."""
+    if g is None or (back := g.rollback) is None or (r := back.regression) is None:
+        return []
+    return [
+        f"<p class=reject>guard: {_e(back.branch)} read {r.head_accuracy:.3f} on the gate tasks against the "
+        f"mainline's best, {r.start_accuracy:.3f} at {_e(back.rolled_back_to)} ({r.wins} won, {r.losses} lost, p "
+        f"{r.p:.3g} under phi {r.phi:.2f}): a decline; the mainline went back there</p>"
+    ]
 
 
 def _skills(rem: Any) -> list[str]:

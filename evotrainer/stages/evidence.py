@@ -11,7 +11,7 @@ from evotrainer.diagnostics.revision import PastVerdict, revise
 from evotrainer.diagnostics.suite import Suite
 from evotrainer.ids import DIAGNOSIS, REVISION, branch_id, shard_id
 from evotrainer.stages.context import RunContext, StageRecords, arm_charge, tokens_left
-from evotrainer.stages.guard import read_cost
+from evotrainer.stages.guard import reserve
 from evotrainer.stages.results import BranchRecord, DiagnoseResult, Mainline, ReviseResult
 from evotrainer.store.ledger import Ledger
 
@@ -38,10 +38,10 @@ def train(ctx: RunContext, rnd: int, head: Mainline) -> tuple[ArmResult, StageRe
         gate=False,
     )
     if left := tokens_left(ctx):
-        # The last segment leaves the guard stage the read of its head, where the budget holds one besides it: a
+        # The last segment leaves the guard stage the read of its head where the budget holds a step besides: a
         # head nobody reads is one the guard cannot send back.
-        reserve = read_cost(ctx)
-        spec = replace(spec, tokens=left - reserve if left > 2 * reserve else left)
+        keep = reserve(ctx, rnd)
+        spec = replace(spec, tokens=left - keep if left - keep >= keep else left)
     [r] = ctx.executor.run([spec])
     return r, StageRecords(
         branches=[BranchRecord.of(r, rnd, head.branch, head.suite.version, head.seed(cfg.run.seed))],

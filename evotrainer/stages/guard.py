@@ -22,7 +22,7 @@ from evotrainer.evaluation import evaluate, record_eval
 from evotrainer.ids import EVAL, guard_branch, rollout_id
 from evotrainer.policies import placement
 from evotrainer.policies.hf import HFPolicy
-from evotrainer.stages.context import RunContext, StageRecords, tokens_left
+from evotrainer.stages.context import RunContext, StageRecords
 from evotrainer.stages.noise import bank_noise
 from evotrainer.stages.results import GuardResult, Mainline, Peak, Rollback, TrialResult, read_stage
 from evotrainer.stages.start import expect_evaluator
@@ -42,25 +42,22 @@ def guard(ctx: RunContext, rnd: int, before: Mainline, after: Mainline) -> tuple
     if ctx.ledger.stage_result(rnd + 1, "train") is not None or ctx.ledger.stage_result(0, "final") is not None:
         return GuardResult(head=after, note="decided before the guard existed"), StageRecords()
     records = StageRecords()
-    if peak is None:
+    if peak is None:  # a run started before the start stage read the base on the gate tasks: its round's start
         first, _, records = _read(ctx, rnd, before, records)
-        if first is not None:
-            peak = _peak(before, first, max(before.attempt, after.attempt if after.branch == before.branch else 0))
+        peak = _peak(before, first, max(before.attempt, after.attempt if after.branch == before.branch else 0))
     if (after.branch, after.step) == (before.branch, before.step):
         return GuardResult(head=after.model_copy(update={"peak": peak}), note="the mainline did not move"), records
     outcomes, ids, records = _read(ctx, rnd, after, records)
-    if outcomes is None:
-        return GuardResult(head=after.model_copy(update={"peak": peak}), note=ids), records
     acc = sum(outcomes.values()) / max(1, len(outcomes))
     noise = bank_noise(after.noise, after.harness.version, [])
-    if peak is not None and (reg := gate.regression(outcomes, peak.outcomes, noise, ctx.cfg.gate.level)):
+    if reg := gate.regression(outcomes, peak.outcomes, noise, ctx.cfg.gate.level):
         back = Rollback(branch=after.branch, reasons=["decline"], rolled_back_to=peak.branch, regression=reg)
         peak = peak.model_copy(update={"attempt": peak.attempt + 1})
         head = after.at(peak.branch, peak.checkpoint, peak.step).model_copy(
             update={"attempt": peak.attempt, "peak": peak, "carry": [_finding(after, outcomes, reg, peak, ids)]}
         )
         return GuardResult(head=head, accuracy=acc, rollback=back), records
-    if peak is None or acc >= peak.accuracy:  # ties go to the later checkpoint: less to throw away going back
+    if acc >= peak.accuracy:  # ties go to the later checkpoint: less to throw away going back
         peak = _peak(after, outcomes, after.attempt)
     return GuardResult(head=after.model_copy(update={"peak": peak}), accuracy=acc), records
 
@@ -71,19 +68,18 @@ def _peak(head: Mainline, outcomes: dict[str, bool], attempt: int) -> Peak:
 
 def _read(
     ctx: RunContext, rnd: int, head: Mainline, records: StageRecords
-) -> tuple[dict[str, bool] | None, dict | str, StageRecords]:
+) -> tuple[dict[str, bool], dict[str, str], StageRecords]:
     """The head's gate outcomes and their rollout ids by task: an arm's read of it where one read it at its last
-    step, else a read of its checkpoint now, its charge added to `records` (None and why not where the budget is
-    spent)."""
+    step, else a read of its checkpoint now, its charge added to `records`."""
     tried = read_stage(ctx.ledger, rnd, "trial")
     arms: list[ArmResult] = tried.arms if isinstance(tried, TrialResult) else []
     for a in arms:
         if a.branch == head.branch and a.last_step == head.step and a.outcomes and not a.stopped:
             return a.outcomes, _ids(ctx, a.branch, a.last_step), records
-    # The last segment stopped short of the budget by a read (evidence.train), at the step that reached that mark:
-    # the read may pass the budget by what that step went past it, never by more than one step's tokens.
-    if ctx.cfg.budget.generated_tokens and not tokens_left(ctx):
-        return None, "the budget is spent", records
+    # Read even where the budget is spent: a head nobody reads could end the run far below its best. The last
+    # segment stops short of the budget by a read and a step where what is left holds both (evidence.train,
+    # `reserve`), so the loop passes its budget by at most one read, in a round whose segment trained the last
+    # few steps the budget held.
     cfg = ctx.cfg
     policy = HFPolicy.load(head.checkpoint, lora_rank=cfg.policy.lora_rank, placement=placement(cfg.policy))
     ev = evaluate(policy, ctx.domain, ctx.heldout(ctx.gate_ids), cfg.eval)
@@ -94,17 +90,19 @@ def _read(
     return ev.outcomes, _ids(ctx, branch, head.step), StageRecords(charges=charges)
 
 
-def read_cost(ctx: RunContext) -> int:
-    """What a read of the gate tasks has cost this run: the guard's last, else a trial arm's reads (an arm reads
-    the gate tasks at each race checkpoint, at its start when it is a control, and at its end); 0 before any."""
-    rows = ctx.ledger.rows("SELECT generated_tokens FROM charges WHERE stage = 'guard' ORDER BY rowid DESC LIMIT 1")
-    if rows:
-        return int(rows[0]["generated_tokens"])
-    for r in ctx.ledger.rows("SELECT result FROM stages WHERE stage = 'trial' ORDER BY round DESC"):
-        for a in TrialResult.model_validate_json(r["result"]).arms:
-            if a.role == "control" and a.eval_tokens:
-                return a.eval_tokens // (len(a.checkpoint_outcomes) + 1)
-    return 0
+def reserve(ctx: RunContext, rnd: int) -> int:
+    """What the last segment leaves of the budget for the guard's read of its head: what a read of the gate tasks
+    has cost this run (the guard's last, else a trial arm's, which reads at each race checkpoint, at its start when it
+    is a control, and at its end), and one step of the mainline's last segment, since a segment stops at the step
+    that reaches its mark and may go past it by up to a step; 0 before anything was read."""
+    rows = ctx.ledger.rows(
+        "SELECT generated_tokens FROM charges WHERE stage IN ('guard', 'start') AND item LIKE 'guard-%' "
+        "ORDER BY round DESC, rowid DESC LIMIT 1"
+    )
+    read = int(rows[0]["generated_tokens"]) if rows else 0
+    seg = read_stage(ctx.ledger, rnd - 1, "train") if rnd > 1 else None
+    step = seg.generated_tokens // max(1, seg.last_step - seg.first_step + 1) if isinstance(seg, ArmResult) else 0
+    return read + step
 
 
 def _ids(ctx: RunContext, branch: str, step: int) -> dict[str, str]:

@@ -19,7 +19,7 @@ from evotrainer.errors import ConfigError, EvaluatorChanged
 from evotrainer.evaluation import evaluate, evaluator_identity, identity_hash, record_eval, what_changed
 from evotrainer.harness.harness import Harness, save_harness
 from evotrainer.harness.rewards import check_terms
-from evotrainer.ids import branch_id, final_branch
+from evotrainer.ids import branch_id, final_branch, guard_branch
 from evotrainer.policies import check_device, check_policy_path, load_policy, placement
 from evotrainer.policies.hf import HFPolicy
 from evotrainer.proposers.heuristic import HeuristicProposer
@@ -32,6 +32,7 @@ from evotrainer.stages.results import (
     FinalResult,
     GateResult,
     Mainline,
+    Peak,
     PromoteResult,
     Rollback,
     StartResult,
@@ -215,7 +216,8 @@ def _check_identity(cfg: RunConfig, ledger: Ledger, run_dir: Path) -> None:
 
 
 def start(ctx: RunContext, say: Any) -> tuple[StartResult, StageRecords]:
-    """Round 0: the base policy, its checkpoint, the baseline on the final tasks, the root harness and suite."""
+    """Round 0: the base policy, its checkpoint, the baseline on the final tasks and its read on the gate tasks (the
+    mainline's first best, stages/guard.py), the root harness and suite."""
     cfg = ctx.cfg
     seed_everything(cfg)
     t0 = time.perf_counter()
@@ -226,10 +228,18 @@ def start(ctx: RunContext, say: Any) -> tuple[StartResult, StageRecords]:
     GRPOTrainer(policy, cfg.harness).save(ckpt)
     ev = evaluate(policy, ctx.domain, ctx.heldout(ctx.final_ids), cfg.eval)
     record_eval(ctx.store, cfg.harness, ctx.domain, ev, 0, StepContext(cfg.run.name, base, cfg.run.seed))
+    # The base on the gate tasks: the first best read the guard stage holds every later head against, read before
+    # anything trains so that no budget can leave the mainline without it.
+    gate_ev = evaluate(policy, ctx.domain, ctx.heldout(ctx.gate_ids), cfg.eval)
+    expect_evaluator(ctx, "gate", gate_ev.evaluator_hash, "the base's read of the gate tasks")
+    record_eval(
+        ctx.store, cfg.harness, ctx.domain, gate_ev, 0, StepContext(cfg.run.name, guard_branch(base), cfg.run.seed)
+    )
     save_harness(ctx.run_dir, cfg.harness)
     harness, adopted = adopt(ctx, cfg.harness, say) if cfg.loop.adopt_skills else (cfg.harness, [])
     suite = Suite.default()
-    head = Mainline(branch=base, checkpoint=str(ckpt), harness=harness, suite=suite, step=0)
+    peak = Peak(branch=base, checkpoint=str(ckpt), step=0, outcomes=gate_ev.outcomes)
+    head = Mainline(branch=base, checkpoint=str(ckpt), harness=harness, suite=suite, step=0, peak=peak)
     row = BranchRecord(
         id=head.branch,
         parent=None,
@@ -254,7 +264,12 @@ def start(ctx: RunContext, say: Any) -> tuple[StartResult, StageRecords]:
         # The warm start is built once and cached for every later run: its seconds stay out of budget.seconds
         # (a slow machine would otherwise lose rounds to it), and the summary reports them on their own.
         StageRecords(
-            branches=[row], charges={"eval": Charge(sum(e.action_tokens for e in ev.episodes))}, uncharged_seconds=warm
+            branches=[row],
+            charges={
+                "eval": Charge(sum(e.action_tokens for e in ev.episodes)),
+                guard_branch(base): Charge(sum(e.action_tokens for e in gate_ev.episodes)),
+            },
+            uncharged_seconds=warm,
         ),
     )
 

@@ -15,7 +15,16 @@ from evotrainer.config import RunConfig
 from evotrainer.envs.registry import make_domain, warm_start_key
 from evotrainer.loop import run_loop
 from evotrainer.policies import load_policy
-from evotrainer.stages.results import FinalResult, PromoteResult, ProposeResult, ReplayResult, TrialResult, read_stage
+from evotrainer.stages.results import (
+    FinalResult,
+    GuardResult,
+    Mainline,
+    PromoteResult,
+    ProposeResult,
+    ReplayResult,
+    TrialResult,
+    read_stage,
+)
 from evotrainer.store.ledger import Ledger
 from evotrainer.training.grpo import GRPOTrainer
 from evotrainer.training.run import seed_everything
@@ -81,9 +90,9 @@ def read_loop(cfg: RunConfig) -> dict[str, Any]:
     ledger = Ledger(Path(cfg.run.out_dir) / cfg.run.name / "ledger.sqlite")
     final: FinalResult = read_stage(ledger, 0, "final")
     # A run that ended inside a round counts it since d5ab3a1 (one fewer in ledgers from before): one round
-    # past the count is read too, and a round with no promote stage (its trial abandoned) has no head.
-    promotes = [(rnd, read_stage(ledger, rnd, "promote")) for rnd in range(1, final.rounds + 2)]
-    heads = [(rnd, p.head) for rnd, p in promotes if isinstance(p, PromoteResult)]
+    # past the count is read too. A round's head is the guard stage's (it may have sent the mainline back), or in a
+    # ledger from before the guard the promote stage's, none where the trial was abandoned.
+    heads = [(rnd, h) for rnd in range(1, final.rounds + 2) if (h := _round_head(ledger, rnd)) is not None]
     spent = spent_by_round(ledger)
     trials = {t["id"]: t for t in ledger.trials()}
     promoted = [
@@ -107,6 +116,13 @@ def read_loop(cfg: RunConfig) -> dict[str, Any]:
         "trajectory": [(sum(g for k, g in spent.items() if k <= rnd), h.checkpoint) for rnd, h in heads]
         + [(total, final.head.checkpoint)],
     }
+
+
+def _round_head(ledger: Ledger, rnd: int) -> Mainline | None:
+    for stage, model in (("guard", GuardResult), ("promote", PromoteResult)):
+        if isinstance(done := read_stage(ledger, rnd, stage), model):
+            return done.head
+    return None
 
 
 def spent_by_round(ledger: Ledger) -> dict[int, int]:

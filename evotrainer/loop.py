@@ -1,6 +1,6 @@
 """The co-evolution loop, one round top to bottom: train the mainline for a segment; diagnose; revise the
-suite; propose; replay; trial; gate; promote; remember. `evotrainer run` runs rounds until the budget is
-spent; `evotrainer resume` continues a killed run.
+suite; propose; replay; trial; gate; promote; remember; guard the mainline against its best read. `evotrainer run`
+runs rounds until the budget is spent; `evotrainer resume` continues a killed run.
 
 Each stage body lives in evotrainer/stages/ and returns a typed result (stages/results.py); run_stage
 commits that result, the stage's records and its done mark in one ledger transaction. A stage's result

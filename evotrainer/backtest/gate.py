@@ -396,23 +396,30 @@ def fell(
     for outcomes, ids, branch, last in runs:
         if (reg := regression(outcomes, start, noise, level)) is None:
             continue
-        lost = [ids[t] for t in start if start[t] and not outcomes.get(t) and t in ids]
-        return [
-            Finding(
-                name="heldout_regression",
-                severity="critical",
-                value=reg.head_accuracy - reg.start_accuracy,
-                threshold=1.0 - level,
-                evidence=tuple(lost[:5]),
-                knobs=("optimizer.learning_rate",),
-                message=f"{branch} read {reg.head_accuracy:.3f} on the gate tasks against {reg.start_accuracy:.3f} "
-                f"where the arms forked ({reg.wins} won, {reg.losses} lost, p {reg.p:.3g}): the change's steps left "
-                "what the policy knew behind",
-                branch=branch,
-                last_step=last,
-            )
-        ]
+        where = f"where the arms forked ({reg.wins} won, {reg.losses} lost, p {reg.p:.3g}): the change's steps"
+        return [regression_finding(reg, start, outcomes, ids, branch, last, where)]
     return []
+
+
+def regression_finding(
+    reg: Regression, start: Outcomes, head: Outcomes, ids: dict[str, str], branch: str, last: int, where: str
+) -> Finding:
+    """A head significantly below a read it is held against (`reg`: gate.regression of `head` against `start`) as a
+    `heldout_regression` finding naming the learning rate; its evidence, the head's rollouts (`ids`, by task) of
+    tasks the start solved and the head lost. `where` says what the start was, and what left it behind."""
+    lost = [ids[t] for t in start if start[t] and not head.get(t) and t in ids]
+    return Finding(
+        name="heldout_regression",
+        severity="critical",
+        value=reg.head_accuracy - reg.start_accuracy,
+        threshold=1.0 - reg.level,
+        evidence=tuple(lost[:5]),
+        knobs=("optimizer.learning_rate",),
+        message=f"{branch} read {reg.head_accuracy:.3f} on the gate tasks against {reg.start_accuracy:.3f} {where} "
+        "left what the policy knew behind",
+        branch=branch,
+        last_step=last,
+    )
 
 
 # A candidate past the first checkpoint stops only when it is behind with this one-sided sign-test p: a

@@ -22,7 +22,8 @@ def train(ctx: RunContext, rnd: int, head: Mainline) -> tuple[ArmResult, StageRe
     harness spends, no more and no less. Where the mainline stands on a segment whose exploit its control carried
     too (Mainline.exploited), that segment is the round's again and nothing trains: a third run under the same
     harness from the same checkpoint would be the same exploit on other seeds, thrown away once more, and the
-    tokens are the remedies'. The last segment stops short of the budget by a read of the gate tasks (guard.py)."""
+    tokens are the remedies'. The last segment stops short of the budget by a read of the gate tasks and a step
+    (guard.reserve)."""
     if head.exploited is not None:
         return head.exploited, StageRecords()
     cfg = ctx.cfg

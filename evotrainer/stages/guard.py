@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from evotrainer.backtest import gate
 from evotrainer.backtest.trial import ArmResult
-from evotrainer.backtest.verdict import Regression
-from evotrainer.diagnostics.detector import Finding
 from evotrainer.evaluation import evaluate, record_eval
 from evotrainer.ids import EVAL, guard_branch, rollout_id
 from evotrainer.policies import placement
@@ -53,8 +51,11 @@ def guard(ctx: RunContext, rnd: int, before: Mainline, after: Mainline) -> tuple
     if reg := gate.regression(outcomes, peak.outcomes, noise, ctx.cfg.gate.level):
         back = Rollback(branch=after.branch, reasons=["decline"], rolled_back_to=peak.branch, regression=reg)
         peak = peak.model_copy(update={"attempt": peak.attempt + 1})
+        where = f"at {peak.branch}, the mainline's best ({reg.wins} won, {reg.losses} lost, p {reg.p:.3g}): its steps"
+        where += " since"
+        fell = gate.regression_finding(reg, peak.outcomes, outcomes, ids, after.branch, after.step, where)
         head = after.at(peak.branch, peak.checkpoint, peak.step).model_copy(
-            update={"attempt": peak.attempt, "peak": peak, "carry": [_finding(after, outcomes, reg, peak, ids)]}
+            update={"attempt": peak.attempt, "peak": peak, "carry": [fell]}
         )
         return GuardResult(head=head, accuracy=acc, rollback=back), records
     if acc >= peak.accuracy:  # ties go to the later checkpoint: less to throw away going back
@@ -91,10 +92,9 @@ def _read(
 
 
 def reserve(ctx: RunContext, rnd: int) -> int:
-    """What the last segment leaves of the budget for the guard's read of its head: what a read of the gate tasks
-    has cost this run (the guard's last, else a trial arm's, which reads at each race checkpoint, at its start when it
-    is a control, and at its end), and one step of the mainline's last segment, since a segment stops at the step
-    that reaches its mark and may go past it by up to a step; 0 before anything was read."""
+    """What the last segment leaves of the budget for the guard's read of its head: what the run's last read of the
+    gate tasks by the guard (or the start stage's of the base) cost, and one step of the mainline's last segment,
+    since a segment stops at the step that reaches its mark and may go past it by up to a step."""
     rows = ctx.ledger.rows(
         "SELECT generated_tokens FROM charges WHERE stage IN ('guard', 'start') AND item LIKE 'guard-%' "
         "ORDER BY round DESC, rowid DESC LIMIT 1"
@@ -107,22 +107,3 @@ def reserve(ctx: RunContext, rnd: int) -> int:
 
 def _ids(ctx: RunContext, branch: str, step: int) -> dict[str, str]:
     return {t: rollout_id(branch, step, i, EVAL) for i, t in enumerate(ctx.gate_ids)}
-
-
-def _finding(head: Mainline, outcomes: dict[str, bool], reg: Regression, peak: Peak, ids: dict[str, str]) -> Finding:
-    """The decline as a finding the next round's proposer reads; its evidence, the head's rollouts of tasks the
-    peak solved and the head lost."""
-    lost = [ids[t] for t, ok in peak.outcomes.items() if ok and not outcomes.get(t) and t in ids]
-    return Finding(
-        name="heldout_regression",
-        severity="critical",
-        value=reg.head_accuracy - reg.start_accuracy,
-        threshold=1.0 - reg.level,
-        evidence=tuple(lost[:5]),
-        knobs=("optimizer.learning_rate",),
-        message=f"{head.branch} read {reg.head_accuracy:.3f} on the gate tasks against {reg.start_accuracy:.3f} at "
-        f"{peak.branch}, the mainline's best ({reg.wins} won, {reg.losses} lost, p {reg.p:.3g}): its steps since "
-        "left what the policy knew behind",
-        branch=head.branch,
-        last_step=head.step,
-    )

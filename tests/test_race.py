@@ -361,6 +361,11 @@ def exploit_in_the_control_replicate(w: Window) -> list[Finding]:
     return _planted(w) if w.branch == "r01-ctlr" else []
 
 
+def exploit_in_the_control(w: Window) -> list[Finding]:
+    """A planted validity detector: the exploit is in the race's control's window only."""
+    return _planted(w) if w.branch == "r01-ctl" else []
+
+
 def exploit_outside_the_controls(w: Window) -> list[Finding]:
     """A planted validity detector: an exploit in every window but the control's and its replicate's."""
     return _planted(w) if w.branch not in ("r01-ctl", "r01-ctlr") else []
@@ -431,4 +436,37 @@ def test_beside_a_control_replicate_that_exploits_the_finalist_runs_a_third_time
     assert s["stage2"]["p"] >= s["second_stage"]["p"]  # the record is the weaker confirmation's
     assert line.decision == "reject" and "no_supported_gain" in line.reasons
     assert len(seeds) == 5 and len(set(seeds.values())) == 5  # each run on seeds of its own
+    ctx.ledger.close()
+
+
+def test_beside_a_control_that_exploits_no_control_replicate_trains(tmp_path, math_setup):
+    """The round above with the exploit in the race's control: a control replicate would be another sample of it, so
+    the confirmation trains the finalist's replicate and its third run only, and both are held against the policy the
+    arms forked from (the control's read before its first step), each run needing to pass."""
+    from evotrainer.stages import decide
+    from evotrainer.stages import race as race_stage
+    from evotrainer.stages.context import run_stage
+    from evotrainer.stages.results import GateResult, TrialResult
+
+    planted = {"planted_exploit": DetectorSpec(path=f"{__name__}:exploit_in_the_control")}
+    ctx, head, seg, survivors, cfg = _a_raced_round(tmp_path, planted)
+    tried = run_stage(
+        ctx, 1, "trial", TrialResult, lambda: race_stage.trial(ctx, 1, head, seg, survivors, [], head.suite)
+    )
+    arms = {a.branch: a for a in tried.arms}
+    assert tried.finalist == 1 and set(arms) == {"r01-ctl", "r01-c1", "r01-c1r", "r01-c1r2"}
+    trained = ctx.store.sql("SELECT DISTINCT branch FROM rollouts WHERE split = 'train'")
+    assert "r01-ctlr" not in {r["branch"] for r in trained} and "r01-c1r2" in {r["branch"] for r in trained}
+    gated = run_stage(
+        ctx, 1, "gate", GateResult, lambda: decide.gate_stage(ctx, 1, head, head.suite, tried, survivors, [])
+    )
+    [line] = gated.verdicts
+    [v] = ctx.ledger.verdicts()
+    s = v["statistic"]
+    start = arms["r01-ctl"].checkpoint_outcomes["0"]
+    assert s["against"].startswith("the round's starting policy") and s["second_stage"]["n"] == s["stage2"]["n"]
+    assert s["confirmed_control_accuracy"] == pytest.approx(sum(start.values()) / len(start))
+    assert s["start_accuracy"] == pytest.approx(s["confirmed_control_accuracy"])
+    assert gated.control_rejected == ["validity:planted_exploit"]
+    assert line.decision == "reject" and "no_supported_gain" in line.reasons
     ctx.ledger.close()

@@ -300,6 +300,11 @@ def _test(
     if cfg.gate.statistic != "two_stage":
         return single
     rep, ctlr = tried.arm(branch_id(rnd, "replicate", j)), tried.arm(branch_id(rnd, "control_replicate"))
+    if ctlr is None and exploits[0] and start is not None:
+        # Beside a control that carries an exploit no control replicate trains (race.trial): the confirmation is held
+        # against the start, as it would be against a replicate that carried the exploit again.
+        read = {"outcomes": start, "accuracy": sum(start.values()) / max(1, len(start))}
+        ctlr, exploits = control.model_copy(update=read), (True, True)
     if j != tried.finalist or rep is None or ctlr is None:
         return RaceResult(
             level=level,

@@ -119,9 +119,13 @@ def trial(
     if k and confirms:
         j, note = _finalist(ctx, head, control, raced, k, kept, 3 * full, note, whole=again)
     if j is not None:
-        confirm = [
-            spec("replicate", "replicate", harnesses[j - 1], j),
-            spec("control_replicate", "control_replicate", head.harness),
+        # Beside a control that carries an exploit the confirmation is held against the start (gate.comparators), and
+        # a control replicate would be one more sample of the exploit, whose window the gate sets aside (on
+        # swe_short_300k a 25k-token arm in each of the loop's first two trials): the finalist's third run is
+        # trained in its place (_second_replicate_due).
+        twin = [] if control_exploits(ctx.store, suite, [control]) else ["control_replicate"]
+        confirm = [spec("replicate", "replicate", harnesses[j - 1], j)] + [
+            spec(role, role, head.harness) for role in twin
         ]
         specs += confirm
         arms += _run(ctx, rnd, confirm)

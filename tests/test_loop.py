@@ -514,6 +514,13 @@ def test_a_round_after_a_tainted_one_tries_its_remedy_on_that_segment_and_trains
         assert two.exploited is None
         ledger.close()
         return
+    # Beside the segment read again, round 2's control trained no step (a third sample of the exploit): it read the
+    # policy the arms fork from, and the gate weighed the remedy against that read and the segment's window.
+    ctl = read_stage(ledger, 2, "trial").arm(branch_id(2, "control"))
+    assert ctl.steps_trained == 0 and ctl.generated_tokens == 0 and ctl.outcomes == ctl.checkpoint_outcomes["0"]
+    assert read_stage(ledger, 2, "trial").arm(branch_id(2, "control_replicate")) is None
+    assert not ctx.store.sql(f"SELECT id FROM rollouts WHERE branch = '{ctl.branch}' AND split = 'train'")
+    assert read_stage(ledger, 2, "gate").control_rejected == ["validity:planted_exploit"]
     # Round 2's control carried the exploit again. Where no remedy is left to race next, the trial trains nothing (a
     # control would be a third sample of the exploit) and says why; the loop then ends the run where the round
     # started (its cap is no budget's).

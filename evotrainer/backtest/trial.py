@@ -188,7 +188,7 @@ def _train_and_read(spec: ArmSpec, cfg: RunConfig, h: Harness, domain, log: Call
         return r
     trainer.save(spec.checkpoint)
     atomic_write_json(Path(spec.checkpoint) / PASS_RATES, pass_rates)
-    if tasks:
+    if tasks and not (r.last_step < spec.first_step and "0" in r.checkpoint_outcomes):  # no step since mark 0's read
         _read(r, policy, domain, tasks, cfg, h, store, ctx, r.last_step)
     return r
 

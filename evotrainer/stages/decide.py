@@ -70,6 +70,10 @@ def gate_stage(
         return memo[arm.branch]
 
     control = tried.arm(branch_id(rnd, "control"))
+    if control.steps_trained == 0 and head.exploited is not None:
+        # Beside a segment read again the control trains no step (race.trial): that segment, trained under this
+        # harness from where the arms fork, is the harness's run the candidates are weighed against.
+        memo[control.branch] = _evidence(ctx, suite, head.exploited, head.harness)
     ctrl_ev = evidence(control)
     # The alternative to a promotion: the control, unless a control run (the control or its replicate) carries
     # an exploit, however late in the trial it appeared; then the policy the arms forked from, which the control

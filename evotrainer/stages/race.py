@@ -71,16 +71,21 @@ def trial(
     start, first = (head.checkpoint, head.step + 1) if taint else (seg.checkpoint, seg.last_step + 1)
     per_step = seg.generated_tokens // max(1, seg.last_step - seg.first_step + 1)
     kept = lineage(ctx.ledger, head.branch) | ({seg.branch} if not taint else set())
-    aa_due = bool(survivors) and (
-        cfg.gate.aa_control == "round" or (cfg.gate.aa_control == "promotion" and head.aa_due)
+    # On a segment read again (Mainline.exploited) the harness has shown its exploit twice, in the segment and in
+    # its control on seeds of their own: a third sample would be a control the gate sets aside and the mainline
+    # cannot go on from (swe_short at 300k: a 26k-token arm), and no A-A pair (gate.aa_pair_valid). The control then
+    # trains no step: it reads the policy the arms fork from, and the gate takes the segment read again as the
+    # harness's run. And the mainline cannot train until a remedy wins or repairs its harness, so the run's later
+    # parts the pacing keeps trials for would never come, and the tokens the share keeps for mainline training could
+    # only go unspent: the whole budget is open to the remedies (swe_short at 300k: the regrade with half the step did
+    # not fit 0.6 of it after the regrade alone fell). Where none fits, the trial (and the run) ends.
+    again = head.exploited is not None
+    aa_due = (
+        bool(survivors)
+        and not again
+        and (cfg.gate.aa_control == "round" or (cfg.gate.aa_control == "promotion" and head.aa_due))
     )
     full, confirms = per_step * steps, cfg.gate.statistic == "two_stage"
-    # On a segment read again (Mainline.exploited) the mainline cannot train until a remedy wins or repairs its
-    # harness, so the run's later parts the pacing keeps trials for would never come, and the tokens the share keeps
-    # for mainline training could only go unspent: the whole budget is open to the remedies (swe_short at 300k: the
-    # regrade with half the step did not fit 0.6 of it after the regrade alone fell). And a control alone would be a
-    # third sample of an exploit two have shown, so where no remedy fits, the trial (and the run) ends.
-    again = head.exploited is not None
     k, note = _affordable(ctx, kept, len(survivors), full, aa_due, confirms, paced=not again, whole=again)
     if again and not k:
         why = f"{note}: no remedy fits" if survivors else "no remedy is left to try"
@@ -91,11 +96,11 @@ def trial(
     n_arms = 1 + k + aa_due + (2 if k and confirms else 0)  # with the confirmation's two
     arm = per_step * steps
     if again and k and confirms:
-        # Under the whole budget no share's margin absorbs the forecast's error: count the third run the finalist
-        # owes beside a control that carries the exploit again, and each arm at what this run's trial arms cost with
-        # their gate reads (swe_short seed 2 at 150k: five arms of 20k-31k where the segment's steps said 17.6k,
-        # 186k spent).
-        n_arms, arm = n_arms + 1, max(arm, _arm_cost(ctx))
+        # Under the whole budget no share's margin absorbs the forecast's error: the confirmation is the finalist's
+        # replicate and the third run it owes against the start (no control replicate beside this control), and each
+        # arm counts at what this run's trial arms cost with their gate reads (swe_short seed 2 at 150k: five arms of
+        # 20k-31k where the segment's steps said 17.6k, 186k spent); the control, which only reads, counts as one.
+        arm = max(arm, _arm_cost(ctx))
     if cap := over_budget(cfg, ctx.ledger.spent(), Charge(arm * n_arms)):
         # Seconds are not forecast (they depend on the machine): that cap is reached only once spent.
         why = "spent" if cap == "seconds" else f"would be exceeded by {n_arms} arm(s) of {steps} steps"
@@ -108,8 +113,9 @@ def trial(
     # a control run at any point of the trial, and the alternative a remedy must then beat is that policy, not
     # the exploit (gate.comparators); it is also what the regression guard reads the new head against.
     spec = _specs(ctx, rnd, head, start, first, marks, target, start_read=True, taint=bool(taint))
-    specs = [spec("control", "control", head.harness)]
+    specs = [spec("control", "control", head.harness, train=not again)]
     [control] = _run(ctx, rnd, specs)
+    exploited = again or control_exploits(ctx.store, suite, [control])
     harnesses = [s.proposal.intervention.apply(head.harness) for s in survivors[:k]]
     race = [spec("candidate", "candidate", h, j, control.checkpoint_outcomes) for j, h in enumerate(harnesses, 1)]
     specs += race + ([spec("aa", "aa", head.harness)] if aa_due else [])
@@ -119,19 +125,8 @@ def trial(
     if k and confirms:
         j, note = _finalist(ctx, head, control, raced, k, kept, 3 * full, note, whole=again)
     if j is not None:
-        # Beside a control that carries an exploit the confirmation is held against the start (gate.comparators), and
-        # a control replicate would be one more sample of the exploit, whose window the gate sets aside (on
-        # swe_short_300k a 25k-token arm in each of the loop's first two trials): the finalist's third run is
-        # trained in its place (_second_replicate_due).
-        twin = [] if control_exploits(ctx.store, suite, [control]) else ["control_replicate"]
-        confirm = [spec("replicate", "replicate", harnesses[j - 1], j)] + [
-            spec(role, role, head.harness) for role in twin
-        ]
-        specs += confirm
-        arms += _run(ctx, rnd, confirm)
-        if _second_replicate_due(ctx, suite, arms, full):
-            specs.append(spec("replicate", "second_replicate", harnesses[j - 1], j))
-            arms += _run(ctx, rnd, specs[-1:])
+        more, ran = _confirm(ctx, rnd, spec, (harnesses[j - 1], j), head.harness, suite, arms, full, exploited)
+        specs, arms = specs + more, arms + ran
     parent = head.branch if taint else seg.branch
     seeds = {sp.branch: sp.seed for sp in specs}
     return TrialResult(arms=arms, finalist=j, note=note), StageRecords(
@@ -140,11 +135,38 @@ def trial(
     )
 
 
+def _confirm(
+    ctx: RunContext,
+    rnd: int,
+    spec,
+    finalist: tuple,
+    mainline,
+    suite: Suite,
+    arms: list[ArmResult],
+    full: int,
+    exploited: bool,
+) -> tuple[list[ArmSpec], list[ArmResult]]:
+    """The confirmation of `finalist` (its harness, its index): its replicate beside a control replicate, on fresh
+    seeds, and its third run where that is due (_second_replicate_due). Beside a control that carries an exploit
+    (`exploited`) no control replicate trains: the confirmation is held against the start there (gate.comparators),
+    and it would be one more sample of the exploit, whose window the gate sets aside (on swe_short_300k a 25k-token
+    arm in each of the loop's first two trials)."""
+    harness, j = finalist
+    twin = [] if exploited else [spec("control_replicate", "control_replicate", mainline)]
+    specs = [spec("replicate", "replicate", harness, j), *twin]
+    ran = _run(ctx, rnd, specs)
+    if _second_replicate_due(ctx, suite, arms + ran, full, exploited):
+        specs.append(spec("replicate", "second_replicate", harness, j))
+        ran += _run(ctx, rnd, specs[-1:])
+    return specs, ran
+
+
 def _arm_cost(ctx: RunContext) -> int:
-    """The mean generated tokens (training and gate reads) of this run's trial arms so far; 0 before the first."""
+    """The mean generated tokens (training and gate reads) of this run's trial arms that trained so far (a control
+    beside a segment read again only reads); 0 before the first."""
     rows = ctx.ledger.rows(
         "SELECT avg(generated_tokens) AS g FROM charges "
-        "WHERE stage = 'trial' AND item != 'stage' AND generated_tokens > 0"
+        "WHERE stage = 'trial' AND item != 'stage' AND generated_tokens > 0 AND trained_tokens > 0"
     )
     return int(rows[0]["g"] or 0) if rows else 0
 
@@ -185,26 +207,27 @@ def _specs(
     """A maker of this trial's arm specs: role, branch role, harness, candidate index, the control's
     checkpoint outcomes to race (candidates only). `tokens`: each arm's token target (0: steps);
     `start_read`: the control also reads the policy it forks from (mark 0); `taint`: the arms fork from where a
-    tainted segment did (the control then draws seeds of its own, _SEED_SLOT)."""
+    tainted segment did (the control then draws seeds of its own, _SEED_SLOT). An arm made with `train=False` trains
+    no step and only reads the policy it forks from (mark 0, a control beside a segment read again)."""
     cfg = ctx.cfg
     steps = cfg.loop.trial_steps * (4 if tokens else 1)  # with a token target, a cap on a cheap harness's steps
 
-    def spec(role: str, branch_role: str, harness, k: int = 0, race: dict | None = None) -> ArmSpec:
+    def spec(role: str, branch_role: str, harness, k: int = 0, race: dict | None = None, train=True) -> ArmSpec:
         s = ctx.spec(
             branch_id(rnd, branch_role, k),
             role,
             start,
             harness,
             first,
-            steps,
+            steps if train else 0,
             arm_seed(
                 head.seed(cfg.run.seed), "tainted_control" if taint and branch_role == "control" else branch_role, k
             ),
             True,
         )
         racing = role in ("control", "candidate")  # only the race's arms are read at checkpoints
-        at = ((0,) if start_read and role == "control" else ()) + marks if racing else ()
-        return ArmSpec(**{**s.__dict__, "checkpoints": at, "race": race, "tokens": tokens})
+        at = ((0,) if start_read and role == "control" else ()) + (marks if train else ()) if racing else ()
+        return ArmSpec(**{**s.__dict__, "checkpoints": at, "race": race, "tokens": tokens if train else 0})
 
     return spec
 
@@ -213,15 +236,16 @@ def _run(ctx: RunContext, rnd: int, specs: list[ArmSpec]) -> list[ArmResult]:
     return ctx.executor.run(specs, started=lambda s: ctx.ledger.set_status(rnd, "trial", s.branch)) if specs else []
 
 
-def _second_replicate_due(ctx: RunContext, suite: Suite, arms: list[ArmResult], full: int) -> bool:
+def _second_replicate_due(ctx: RunContext, suite: Suite, arms: list[ArmResult], full: int, exploited: bool) -> bool:
     """Whether the finalist gets a third run, on seeds of its own: where a control run carries an exploit
     (control_exploits), the finalist is compared with the policy the arms forked from (gate.comparators). Against
     that one fixed read, two runs of a harness that spreads the policy cannot show the spread when both land high:
     the gate promoted such a harness raced against itself in 1.5-1.8% of first rounds (benchmarks/gate_calibration
     .py, digits at a learning transition; nominal 1.25%). Each confirmation run must then pass (gate.confirmed).
     Not where the run, with the round's others (`full` tokens an arm), would pass a budget cap: the gate then says
-    what was missing."""
-    if not control_exploits(ctx.store, suite, arms):
+    what was missing. `exploited`: the race's control is known to carry one (on a segment read again it trains
+    nothing for the suite to read)."""
+    if not exploited and not control_exploits(ctx.store, suite, arms):
         return False
     return over_budget(ctx.cfg, ctx.ledger.spent(), Charge(full * (len(arms) + 1))) is None
 

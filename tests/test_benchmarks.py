@@ -146,6 +146,7 @@ def test_a_cell_is_written_whole_with_its_manifest_and_then_read_back(tmp_path, 
 
     def loop_arm(cfg, warm):
         ran.append(cfg.run.name)
+        assert cfg.run.keep_checkpoints == "all"  # each round's head is read below, though a rollback left it behind
         ck = str(work / cfg.run.name / "checkpoints" / "r02-seg")
         return {
             "checkpoint": ck, "rounds": 2, "stop_reason": "budget", "generated_tokens": 900, "promoted": [],

@@ -140,6 +140,8 @@ def arm_overrides(domain: str, arm: str, seed: int, work: Path, sets: dict) -> d
     # stop would make the cells depend on the machine's load. Tokens decide, as in the paper's budget.
     over = {"run.seed": seed, "run.name": name, "run.out_dir": str(work), "budget.seconds": 0, **sets}
     over["loop.skills_dir"] = str(work / "skills" / name)
+    if arm.startswith("loop"):  # the skills read reads every round's head, which the guard may leave off the lineage
+        over["run.keep_checkpoints"] = "all"  # (lineage retention then deletes it: swe_short_300k seed 1, 0489d22)
     if arm == "loop_default_warm":  # the library's proven remedies are started under, not tried again
         over["loop.adopt_skills"] = True
     return over

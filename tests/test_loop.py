@@ -472,6 +472,7 @@ def test_a_round_after_a_tainted_one_tries_its_remedy_on_that_segment_and_trains
     charges nothing for it, and spends its tokens on its own remedy, forked from the same checkpoint on seeds of its
     own. `revised`: round 2's suite no longer has the detector (as a revision could drop a finding); the segment
     was thrown away all the same, and no arm forks from it."""
+    from evotrainer.report import write_report
     from evotrainer.report.console import Narrator
     from evotrainer.stages import start
     from evotrainer.stages.context import run_stage
@@ -521,6 +522,7 @@ def test_a_round_after_a_tainted_one_tries_its_remedy_on_that_segment_and_trains
     assert read_stage(ledger, 2, "trial").arm(branch_id(2, "control_replicate")) is None
     assert not ctx.store.sql(f"SELECT id FROM rollouts WHERE branch = '{ctl.branch}' AND split = 'train'")
     assert read_stage(ledger, 2, "gate").control_rejected == ["validity:planted_exploit"]
+    assert ctl.branch in write_report(ctx.run_dir).read_text()  # the report shows an arm that trained no step
     # Round 2's control carried the exploit again. Where no remedy is left to race next, the trial trains nothing (a
     # control would be a third sample of the exploit) and says why; the loop then ends the run where the round
     # started (its cap is no budget's).

@@ -115,7 +115,6 @@ def trial(
     spec = _specs(ctx, rnd, head, start, first, marks, target, start_read=True, taint=bool(taint))
     specs = [spec("control", "control", head.harness, train=not again)]
     [control] = _run(ctx, rnd, specs)
-    exploited = again or control_exploits(ctx.store, suite, [control])
     harnesses = [s.proposal.intervention.apply(head.harness) for s in survivors[:k]]
     race = [spec("candidate", "candidate", h, j, control.checkpoint_outcomes) for j, h in enumerate(harnesses, 1)]
     specs += race + ([spec("aa", "aa", head.harness)] if aa_due else [])
@@ -125,6 +124,7 @@ def trial(
     if k and confirms:
         j, note = _finalist(ctx, head, control, raced, k, kept, 3 * full, note, whole=again)
     if j is not None:
+        exploited = again or control_exploits(ctx.store, suite, [control])
         more, ran = _confirm(ctx, rnd, spec, (harnesses[j - 1], j), head.harness, suite, arms, full, exploited)
         specs, arms = specs + more, arms + ran
     parent = head.branch if taint else seg.branch

@@ -2,7 +2,9 @@
 checkpoint, each on its own seeds; the control runs first (it carries the mainline and never stops)
 and the candidates race it, evaluated on the gate tasks at checkpoints, a loser stopping where it
 cannot win (gate.futile). The race's best is then trained again on fresh seeds beside a control
-replicate (the confirmation, gate.two_stage), which is also the run's A-A measurement. A trial that
+replicate (the confirmation, gate.two_stage), which is also the run's A-A measurement; beside a control that
+carries an exploit no replicate of it trains, and beside a segment read again the control only reads the start
+(an exploit's extra samples buy nothing the gate reads). A trial that
 cannot finish inside the budget is not started, and the candidates a round trials are cut to keep
 arms that end discarded within loop.max_trial_share, paced over the run (loop.trial_phases)."""
 
@@ -15,6 +17,7 @@ from evotrainer.backtest.statistics import Pair
 from evotrainer.backtest.trial import ArmResult, ArmSpec
 from evotrainer.diagnostics.detector import Finding
 from evotrainer.diagnostics.suite import Suite
+from evotrainer.harness.harness import Harness
 from evotrainer.ids import branch_id
 from evotrainer.stages.context import RunContext, StageRecords, arm_charge
 from evotrainer.stages.noise import bank_noise
@@ -138,9 +141,9 @@ def trial(
 def _confirm(
     ctx: RunContext,
     rnd: int,
-    spec,
-    finalist: tuple,
-    mainline,
+    spec: Callable[..., ArmSpec],
+    finalist: tuple[Harness, int],
+    mainline: Harness,
     suite: Suite,
     arms: list[ArmResult],
     full: int,

@@ -83,6 +83,36 @@ def test_a_change_rejected_with_a_new_finding_on_another_knob_comes_back_paired_
     assert len(pairs(again, candidates_for)) == 1  # the rejected pair is not paired again
 
 
+def test_a_pair_that_fell_on_its_second_knob_comes_back_with_that_knob_moved_further():
+    """A pair whose second factor halved the learning rate fell below the start again (heldout_regression on its
+    window, naming the learning rate): the next proposal is the same change with the rate halved once more, from
+    where the pair had set it. A finding on another knob moves nothing further."""
+    h = Harness()
+    halved = h.optimizer.learning_rate * 0.5
+    pair = TEMPERATURE.model_copy(update={"paired": RATE.model_copy(update={"value": halved})}).bind(h)
+    fell = _finding("heldout_regression", ("optimizer.learning_rate",), "critical")
+    brief = Brief("t", 3, "math", h, [], (), history=[_past(2, pair, h.version, (fell,))], limit=2, explore=0.0)
+    [further] = pairs(brief, candidates_for)
+    assert (further.target, further.value) == (TEMPERATURE.target, TEMPERATURE.value)
+    assert further.paired.target == "optimizer.learning_rate"
+    assert further.paired.value == pytest.approx(halved * 0.5)
+    assert "rejected in round 2" in further.hypothesis.rationale and "moved further" in further.hypothesis.rationale
+    first = HeuristicProposer().propose(brief).proposals[0]
+    assert first.source == "pair" and intervention_key(first.intervention) == intervention_key(further)
+    other = _finding("entropy_explosion", ("sampling.temperature",))
+    elsewhere = Brief("t", 3, "math", h, [], (), history=[_past(2, pair, h.version, (other,))])
+    assert pairs(elsewhere, candidates_for) == []
+    moved_on = Brief("t", 3, "math", Harness(optimizer={"learning_rate": halved}), [], (), history=brief.history)
+    assert pairs(moved_on, candidates_for) == []  # only on the harness the pair was rejected under
+    # A choice has no "further": tool_errors on a pair that set tool_error to "end" proposes nothing more.
+    end = Intervention(kind="set_knob", target="multi_turn.tool_error", value="end", hypothesis=HYP)
+    errors = _finding("tool_errors", ("multi_turn.tool_error", "multi_turn.max_turns"))
+    choice = TEMPERATURE.model_copy(update={"paired": end}).bind(h)
+    assert any(r.target == end.target for r in candidates_for(errors, end.apply(h)))  # the catalog has one
+    tried = Brief("t", 3, "math", h, [], (), history=[_past(2, choice, h.version, (errors,))])
+    assert pairs(tried, candidates_for) == []
+
+
 @pytest.mark.parametrize(
     "why",
     ["other harness", "finding gone", "promoted", "on its own knob", "nothing new"],

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.claims.aggregate import write_claims
+from benchmarks.claims.aggregate import table, write_claims
 from benchmarks.claims.cells import CELLS
 from benchmarks.claims.records import read_cells
 from benchmarks.intervals import seed_t_interval
 from benchmarks.manifest import Manifest, config_hash_of, manifest_path, read_manifest, results_in, write_result
 from benchmarks.paths import RESULTS, ROOT, scrub
+from benchmarks.tables import mean_and_seeds
 
 BENCH = ROOT / "benchmarks"
 SCRIPTS = [
@@ -69,6 +70,21 @@ def test_cells_of_every_committed_grid_load():
     for folder in ("claims", "claims-2026-11-23", "claims-share50", "claims-gate-run"):
         cells = read_cells(RESULTS / folder)
         assert cells and all(c.name == p.stem for c, p in zip(cells, results_in(RESULTS / folder)))
+
+
+def test_the_table_has_a_row_for_a_domain_measured_for_the_loop_against_the_reference_alone():
+    claims = json.loads((RESULTS / "claims-pair-further.json").read_text())
+    assert claims["partial"] and not any(d in claims for d in claims["partial"])
+    for domain, p in claims["partial"].items():
+        [row] = [r for r in table(claims).splitlines() if r.startswith(f"| {domain} (")]
+        cols = [c.strip() for c in row.strip("|").split("|")]
+        assert cols[3:5] == [mean_and_seeds(p["static_reference"]), mean_and_seeds(p["loop_default"])]
+        assert cols[6] == f"{p['loop_default_vs_reference']['delta']:+.3f}"
+        assert cols[1] == mean_and_seeds(claims["over_base"][domain]["loop_default"]["base"])
+        # A base read on other seeds than the loop's is no column of this row.
+        claims["over_base"][domain]["loop_default"]["seeds"] = p["seeds"][:-1]
+        [row] = [r for r in table(claims).splitlines() if r.startswith(f"| {domain} (")]
+        assert row.strip("|").split("|")[1].strip() == "-"
 
 
 @pytest.mark.parametrize("path", all_results(), ids=lambda p: str(p.relative_to(RESULTS)))

@@ -10,7 +10,7 @@ import numpy as np
 
 from benchmarks.claims.arms import DOMAINS, MAIN_ARMS
 from benchmarks.claims.records import Cell, DomainClaims, OverBase, SkillPair, Skills, read_cells
-from benchmarks.intervals import SeedT, paired_interval
+from benchmarks.intervals import PairedInterval, SeedT, paired_interval
 from benchmarks.manifest import results_in, write_result
 from benchmarks.tables import markdown_table, mean_and_seeds
 
@@ -195,7 +195,29 @@ def table(out: dict[str, Any]) -> str:
                 f"{d.invalid_planted} ({d.invalid_promoted})",
             ]
         )
+    rows += [partial_row(domain, p, out.get("over_base", {})) for domain, p in out.get("partial", {}).items()]
     return markdown_table(header, rows)
+
+
+def partial_row(domain: str, p: dict[str, Any], bases: dict[str, Any]) -> list[str]:
+    """A domain measured for the loop against the reference alone (loop_vs_reference): its row of the main table,
+    with the base where the same seeds have one and `-` for the arms not run."""
+    iv = PairedInterval.model_validate(p["loop_default_vs_reference"])
+    base = bases.get(domain, {}).get("loop_default", {})
+    loop, ref = p["loop_default"], p["static_reference"]
+    return [
+        f"{domain} (loop and reference only)",
+        mean_and_seeds(base["base"]) if base.get("seeds") == p["seeds"] else "-",
+        "-",
+        mean_and_seeds(ref),
+        mean_and_seeds(loop),
+        "-",
+        f"{iv.delta:+.3f}",
+        f"[{iv.ci_low:+.3f}, {iv.ci_high:+.3f}]",
+        seed_t_text(iv.seed_t),
+        f"{np.mean(loop) / np.mean(ref):.2f}x",
+        "-",
+    ]
 
 
 def seed_t_text(t: SeedT) -> str:

@@ -111,6 +111,18 @@ def test_a_pair_that_fell_on_its_second_knob_comes_back_with_that_knob_moved_fur
     assert any(r.target == end.target for r in candidates_for(errors, end.apply(h)))  # the catalog has one
     tried = Brief("t", 3, "math", h, [], (), history=[_past(2, choice, h.version, (errors,))])
     assert pairs(tried, candidates_for) == []
+    # Nor a reward term the pair added (no knob of the harness it was rejected under): nothing, and no error.
+    bonus = Intervention(kind="add_reward_term", target="reward_weights.format_bonus", value=0.1, hypothesis=HYP)
+    added = TEMPERATURE.model_copy(update={"paired": bonus}).bind(h)
+    on_term = _finding("missing_behaviour", ("reward_weights.format_bonus",))
+    assert (
+        pairs(Brief("t", 3, "math", h, [], (), history=[_past(2, added, h.version, (on_term,))]), candidates_for) == []
+    )
+    # "Further" is the way the pair moved the knob: a pair that raised the rate and fell is not sent back down.
+    raised = TEMPERATURE.model_copy(update={"paired": RATE.model_copy(update={"value": halved * 4})}).bind(h)
+    assert (
+        pairs(Brief("t", 3, "math", h, [], (), history=[_past(2, raised, h.version, (fell,))]), candidates_for) == []
+    )
 
 
 @pytest.mark.parametrize(

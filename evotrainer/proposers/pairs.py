@@ -17,6 +17,7 @@ from collections.abc import Callable
 from evotrainer.diagnostics.detector import Finding
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.interventions import Intervention, knob_value
+from evotrainer.harness.knobs import knob
 from evotrainer.proposers.proposer import Brief, PastTrial, intervention_key
 
 Remedies = Callable[[Finding, Harness], list[Intervention]]
@@ -51,17 +52,18 @@ def _further(t: PastTrial, h: Harness, remedies: Remedies) -> list[Intervention]
     """The rejected pair of `t` with its numeric second knob moved on in the direction the pair moved it: by the
     first remedy, on that knob, of each finding its window newly carried that names the knob, reckoned from the
     value the pair had set (the learning rate halved once more where the pair with the step halved still fell below
-    the start). A switch or a choice has no "further": its other settings are the catalog's to propose."""
+    the start). A switch, a choice, a filter or a reward term has no "further": its other settings are the catalog's
+    to propose (and a reward term the pair added is no knob of the harness it was rejected under)."""
     second = t.intervention.paired
-    old, new = knob_value(h, second.target), second.value
-    if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in (old, new)) or old == new:
+    if second.kind != "set_knob" or knob(second.target).type not in ("int", "float"):
         return []
+    old, new = knob_value(h, second.target), second.value
     where, out = second.unbound().apply(h), []
     for f in t.new_findings:
         if second.target not in f.knobs:
             continue
         on = next((r for r in remedies(f, where) if r.target == second.target), None)
-        if on is not None and isinstance(on.value, int | float) and (on.value - new) * (new - old) > 0:
+        if on is not None and (on.value - new) * (new - old) > 0:
             out.append(_pair(t, f, on, further=True))
     return out
 

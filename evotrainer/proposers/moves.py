@@ -65,10 +65,10 @@ def moves(h: Harness, path: str, up: bool | None = None, fell: tuple[Any, ...] =
     if not v:
         return [x for x in FROM_ZERO.get(path, ()) if _in_range(k, x)]
     numeric = [x for x in fell if isinstance(x, (int, float)) and not isinstance(x, bool) and x != v]
-    return _turned(k, v, numeric) if numeric else _ladder(k, v, up)
+    return turned(k, v, numeric) if numeric else _ladder(k, v, up)
 
 
-def _turned(k, v: float, fell: list[float]) -> list[Any]:
+def turned(k, v: float, fell: list[float]) -> list[Any]:
     """A numeric knob's moves once a move from v to each of `fell` did harm: no move at least as far the same way
     as one that fell, and the other way first from its finer rung, its decade last. A step that collapses the
     policy (SWE's exploratory learning rate x10: 0.06 against the control's 0.79 within 20 steps) says v is within

@@ -9,8 +9,7 @@ import json
 from functools import cache
 from typing import Any
 
-from evotrainer.backtest.statistics import sign_p
-from evotrainer.backtest.verdict import PairFigures, Statistic, read_trials, read_verdicts
+from evotrainer.backtest.verdict import read_trials, read_verdicts
 from evotrainer.diagnostics.detector import Finding
 from evotrainer.harness.harness import Harness
 from evotrainer.proposers.proposer import Brief, PastTrial, SkillMatch, signature
@@ -78,18 +77,9 @@ def history(ledger: Ledger) -> list[PastTrial]:
                 harness=ctrl.get("harness_version", ""),
                 step=cand.get("first_step", 0),
                 new_findings=_new_findings(v.findings, control_findings(t.round)) if v else (),
-                fell=fell(v.statistic) if v else False,
             )
         )
     return out
-
-
-def fell(s: Statistic) -> bool:
-    """Whether a verdict's candidate was significantly below the arm it was tested against on the gate tasks: the
-    exact sign test on its paired figures (the race's, where it stopped or was not confirmed) at the verdict's level.
-    Exact, without the run's overdispersion: a proposer only reorders its moves on it (a collapse, an exploratory
-    learning rate x10 at 0.06 against 0.79 on SWE, is far past either test); no verdict reads it."""
-    return isinstance(s, PairFigures) and sign_p(s.losses, s.wins) <= 1 - s.level
 
 
 def _new_findings(findings: list[Finding], control: set[str]) -> tuple[Finding, ...]:

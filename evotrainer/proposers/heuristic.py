@@ -16,7 +16,7 @@ from evotrainer.harness.interventions import Hypothesis, Intervention, knob_valu
 from evotrainer.harness.remedies import ACC, DROP_TERM, REWEIGHT_TERM, Remedy, const, scale
 from evotrainer.proposers.moves import moves
 from evotrainer.proposers.pairs import pairs
-from evotrainer.proposers.proposer import Brief, Proposal, ProposerOutput, change_key, fallen, intervention_key, screen
+from evotrainer.proposers.proposer import Brief, Proposal, ProposerOutput, change_key, intervention_key, screen
 
 
 def _restore_spread(h: Harness, f: Finding) -> Any:
@@ -409,13 +409,11 @@ _EXPLORE = (
 _UNSTABLE = {"kl_spike", "entropy_explosion", "nonfinite", "length_blowup", "repetition"}
 
 
-def explore(h: Harness, findings: list[Finding], fell: dict[str, tuple] | None = None) -> list[Intervention]:
+def explore(h: Harness, findings: list[Finding]) -> list[Intervention]:
     """Exploration candidates: every explored knob's moves, rung-major. The learning rate goes down first
-    when a finding says training is unstable, up otherwise; a knob whose move from h fell (`fell`: the values, by
-    knob) turns away from it (moves.turned)."""
-    unstable, fell = any(f.name in _UNSTABLE for f in findings), fell or {}
-    up = {"optimizer.learning_rate": not unstable}
-    ladders = [(t, moves(h, t, up.get(t), fell.get(t, ()))) for t in _EXPLORE]
+    when a finding says training is unstable, up otherwise."""
+    unstable = any(f.name in _UNSTABLE for f in findings)
+    ladders = [(t, moves(h, t, (not unstable) if t == "optimizer.learning_rate" else None)) for t in _EXPLORE]
     out = []
     for rung in range(max(len(m) for _, m in ladders)):
         for target, m in ladders:
@@ -483,7 +481,7 @@ class HeuristicProposer:
         ranked += two_factor[1:]
         # A move rejected under this signature since the mainline last moved is screened out (proposer.py:
         # standing), so the next rung of the same knob comes up in its place.
-        exploratory = [Proposal(iv, "explore") for iv in explore(h, brief.findings, fallen(brief))]
+        exploratory = [Proposal(iv, "explore") for iv in explore(h, brief.findings)]
         kept, _ = screen(ranked + exploratory, brief)
         n_explore = round(brief.limit * brief.explore) if exploratory else 0
         main = [p for p in kept if p.source != "explore"][: brief.limit - n_explore]

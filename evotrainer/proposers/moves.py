@@ -48,9 +48,8 @@ SWITCH_ON: dict[str, Any] = {
 NOT_MOVED = frozenset({"suite_version", "reward_weights.*"})
 
 
-def moves(h: Harness, path: str, up: bool | None = None, fell: tuple[Any, ...] = ()) -> list[Any]:
-    """The values to try for knob `path` of harness h, in order; `up` puts that direction first. `fell`: values a
-    move of this knob went to, from h, whose trial fell significantly below its control (turned)."""
+def moves(h: Harness, path: str, up: bool | None = None) -> list[Any]:
+    """The values to try for knob `path` of harness h, in order; `up` puts that direction first."""
     if path in NOT_MOVED or path.startswith("reward_weights."):
         return []  # reward terms move by the catalog's remedies (regrade, drop, reweigh): they are not a dial
     k, v = knob(path), knob_value(h, path)
@@ -64,21 +63,7 @@ def moves(h: Harness, path: str, up: bool | None = None, fell: tuple[Any, ...] =
         return _tuple_moves(path, v)
     if not v:
         return [x for x in FROM_ZERO.get(path, ()) if _in_range(k, x)]
-    numeric = [x for x in fell if isinstance(x, (int, float)) and not isinstance(x, bool) and x != v]
-    return turned(k, v, numeric) if numeric else _ladder(k, v, up)
-
-
-def turned(k, v: float, fell: list[float]) -> list[Any]:
-    """A numeric knob's moves once a move from v to each of `fell` did harm: no move at least as far the same way
-    as one that fell, and the other way first from its finer rung, its decade last. A step that collapses the
-    policy (SWE's exploratory learning rate x10: 0.06 against the control's 0.79 within 20 steps) says v is within
-    that step of instability: the finer rungs are where the knob can still win, and another decade the other way
-    is as blind a bet as the first was (the ladder's own order otherwise puts it first)."""
-    way = fell[-1] > v  # the latest fall gives the direction to turn from
-    out = _ladder(k, v, not way)
-    out = [x for x in out if not any((x > v) == (y > v) and abs(x - v) >= abs(y - v) for y in fell)]
-    decade = _ladder(k, v, not way)[0]
-    return [x for x in out if x != decade] + [decade] * (decade in out)
+    return _ladder(k, v, up)
 
 
 def _ladder(k, v: float, up: bool | None) -> list[Any]:

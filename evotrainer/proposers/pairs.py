@@ -33,10 +33,6 @@ def pairs(brief: Brief, remedies: Remedies) -> list[Intervention]:
         iv = t.intervention
         if t.decision != "reject" or t.harness != h.version or iv.hypothesis.finding not in standing:
             continue
-        if t.fell and iv.hypothesis.finding == "explore":
-            # A move no finding asked for that did harm went the wrong way (moves.turned): the findings its window
-            # newly carried are what the harm looks like (dead groups under a collapsed policy), not a missing factor.
-            continue
         if iv.paired is not None:
             for pair in _further(t, h, remedies):
                 out.setdefault(intervention_key(pair), pair)

@@ -53,9 +53,6 @@ class PastTrial:
     # Findings (warning or critical) on the candidate's window that its control's did not carry: what the change
     # did besides what it was meant to (where one names another knob, proposers/pairs.py pairs the two).
     new_findings: tuple[Finding, ...] = ()
-    # The candidate was significantly below its control on the gate tasks (brief.fell): the change did harm, not too
-    # little good. An exploratory move that fell says which way the knob must not go (moves.turned, pairs.py).
-    fell: bool = False
 
 
 @dataclass(frozen=True)
@@ -150,17 +147,6 @@ def standing(t: PastTrial, brief: Brief) -> bool:
 # motivates is still blocked only under the signature it was rejected under: the new finding is new evidence.
 def _exploratory(iv: Intervention) -> bool:
     return iv.hypothesis.finding == "explore"
-
-
-def fallen(brief: Brief) -> dict[str, tuple]:
-    """The values single knob moves from this round's harness went to where their trials fell (PastTrial.fell), by
-    knob, oldest first: the ways not to move it again (moves.turned)."""
-    out: dict[str, tuple] = {}
-    for t in sorted(brief.history, key=lambda t: t.round):
-        iv = t.intervention
-        if t.fell and iv.kind == "set_knob" and iv.paired is None and t.harness == brief.harness.version:
-            out[iv.target] = (*out.get(iv.target, ()), iv.value)
-    return out
 
 
 def screen(proposals: list[Proposal], brief: Brief) -> tuple[list[Proposal], list[Refusal]]:

@@ -99,12 +99,12 @@ def read_json(p: Path) -> dict:
     return json.loads(p.read_text())
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.lr_horizon", description=__doc__.split("\n\n")[0])
     ap.add_argument("what", choices=["cell", "aggregate"])
     ap.add_argument("args", nargs="*")
     ap.add_argument("--work", type=Path, default=None)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     if a.what == "aggregate":
         aggregate()
         return

@@ -21,7 +21,8 @@ from benchmarks.tables import mean_and_seeds
 
 BENCH = ROOT / "benchmarks"
 SCRIPTS = [
-    "claims", "coevolve", "fresh_read", "gate_calibration", "gate_simulation", "llm_proposer", "replay", "retention",
+    "claims", "coevolve", "fresh_read", "gate_calibration", "gate_simulation", "llm_proposer", "lr_horizon", "replay",
+    "retention",
     "rl_seeds", "robustness", "sandbox", "soak", "suite_scale", "throughput", "trl_backend",
 ]  # fmt: skip
 # What this version of the aggregate adds to claims.json; every other key and value must be as committed.

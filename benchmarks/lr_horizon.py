@@ -18,6 +18,7 @@ from pathlib import Path
 
 from benchmarks.claims.arms import arm_config
 from benchmarks.claims.runners import static_arm
+from benchmarks.intervals import paired_interval
 from benchmarks.manifest import write_result
 from benchmarks.paths import RESULTS
 from evotrainer.backtest.trial import ArmSpec, run_arm
@@ -71,28 +72,31 @@ def cell(seed: int, lr: float, work: Path) -> Path:
 
 
 def aggregate() -> Path:
-    """Each seed's reads by mark, both rates, and the lower rate minus the naive one at every mark both reached."""
-    cells = [read_json(p) for p in sorted(OUT.glob("seed*-lr*.json"))]
-    by = {(c["seed"], c["learning_rate"]): c for c in cells}
-    seeds = sorted({s for s, _ in by})
-    rows = {}
-    for s in seeds:
-        lo, hi = by.get((s, LOW)), by.get((s, NAIVE))
-        if lo is None or hi is None:
-            continue
-        marks = [m for m in lo["reads"] if m in hi["reads"]]  # the marks both passed (the end differs a little)
-        rows[str(s)] = {m: {"naive": hi["reads"][m], "low": lo["reads"][m], "low_minus_naive":
-                            round(lo["reads"][m] - hi["reads"][m], 4)} for m in marks}  # fmt: skip
-        ends = (lo["tokens"], hi["tokens"])
-        rows[str(s)]["end"] = {
-            "naive": hi["reads"][str(ends[1])],
-            "low": lo["reads"][str(ends[0])],
-            "low_minus_naive": round(lo["reads"][str(ends[0])] - hi["reads"][str(ends[1])], 4),
-        }
-    for s, r in rows.items():
-        print(f"seed {s}: " + "; ".join(f"{m} {v['naive']:.2f}/{v['low']:.2f}" for m, v in r.items()))
-    return write_result(RESULTS / "lr_horizon.json", {"naive": NAIVE, "low": LOW, "seeds": rows},
-                        note=f"aggregated from {len(cells)} cells in lr_horizon/")  # fmt: skip
+    """Each seed's reads by mark, both rates, and at every mark the lower rate minus the naive one over the seeds
+    (paired on the gate tasks: the two-level bootstrap and the seed t of benchmarks.intervals)."""
+    cells = [p for p in sorted(OUT.glob("seed*-lr*.json")) if not p.name.endswith(".manifest.json")]
+    by = {(c["seed"], c["learning_rate"]): c for c in map(read_json, cells)}
+    seeds = sorted(s for s, lr in by if lr == LOW and (s, NAIVE) in by)
+
+    def at(c: dict, key: str) -> str:  # "end": the read after the step that reached the budget
+        return str(c["tokens"]) if key == "end" else key
+
+    marks = ["0", *(str(m) for m in MARKS), "end"]
+    reads = {str(s): {m: [by[s, lr]["reads"][at(by[s, lr], m)] for lr in (NAIVE, LOW)] for m in marks} for s in seeds}
+    differences = {
+        m: paired_interval(
+            [by[s, LOW]["outcomes"][at(by[s, LOW], m)] for s in seeds],
+            [by[s, NAIVE]["outcomes"][at(by[s, NAIVE], m)] for s in seeds],
+        ).model_dump()
+        for m in marks[1:]
+    }
+    for m, d in differences.items():
+        t = d["seed_t"]
+        print(f"{m:>7}: low - naive {d['delta']:+.3f}, bootstrap [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}], seed t "
+              f"[{t['ci_low']:+.3f}, {t['ci_high']:+.3f}]")  # fmt: skip
+    out = {"naive": NAIVE, "low": LOW, "seeds": seeds, "reads (naive, low)": reads, "low_minus_naive": differences}
+    note = f"aggregated from {2 * len(seeds)} cells in lr_horizon/"
+    return write_result(RESULTS / "lr_horizon.json", out, note=note)
 
 
 def read_json(p: Path) -> dict:

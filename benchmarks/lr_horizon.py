@@ -1,9 +1,9 @@
 """A trial's horizon against the run's, for SWE's learning rate (`swe_short_300k`): the regrade (`tests_restored`)
 trained static from the seed's warm-started base at the naive 5e-4 and at 2.5e-4 (the rate the loop repaired with at
 seeds 2-4; the hand-tuned reference runs 2e-4), each read on the seed's gate tasks at token marks from the start to
-the budget. A trial reads its arms after 20 steps, about 13-17k tokens; where the lower rate trails there and leads
-by the end, no trial of that length can promote it, and the gate (a supported gain on the held-out tasks) never
-takes a lower rate except as a repair. One cell a seed and rate, each written whole (resumable by cell):
+the budget. A trial reads its arms after 20 steps, about 13-17k tokens: whether the lower rate is already ahead there
+says whether a trial can see its gain at all (it can: ahead at every seed from 15k tokens, benchmarks/HISTORY.md).
+One cell a seed and rate, each written whole (resumable by cell):
 
     python -m benchmarks.lr_horizon cell SEED LR [--work DIR]
     python -m benchmarks.lr_horizon aggregate

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.claims.arms import arm_config
-from benchmarks.claims.runners import static_arm
+from benchmarks.claims.runners import base_checkpoint
 from benchmarks.intervals import paired_interval
 from benchmarks.manifest import write_result
 from benchmarks.paths import RESULTS
@@ -40,7 +40,7 @@ def cell(seed: int, lr: float, work: Path) -> Path:
     name = f"horizon-{seed}-{lr:g}"
     cfg = arm_config(DOMAIN, "static_default", seed, work, {**REGRADE, "harness.optimizer.learning_rate": lr,
                                                             "run.name": name})  # fmt: skip
-    base = static_arm(cfg.model_copy(), 0)["checkpoint"]  # builds the seed's base checkpoint, trains nothing
+    base = str(base_checkpoint(cfg))
     domain = make_domain(cfg)
     gate_ids, _ = split_heldout([t.id for t in domain.tasks("heldout")], cfg.gate.final_fraction, cfg.run.seed)
     r = run_arm(
@@ -75,7 +75,7 @@ def aggregate() -> Path:
     """Each seed's reads by mark, both rates, and at every mark the lower rate minus the naive one over the seeds
     (paired on the gate tasks: the two-level bootstrap and the seed t of benchmarks.intervals)."""
     cells = [p for p in sorted(OUT.glob("seed*-lr*.json")) if not p.name.endswith(".manifest.json")]
-    by = {(c["seed"], c["learning_rate"]): c for c in map(read_json, cells)}
+    by = {(c["seed"], c["learning_rate"]): c for c in (json.loads(p.read_text()) for p in cells)}
     seeds = sorted(s for s, lr in by if lr == LOW and (s, NAIVE) in by)
 
     def at(c: dict, key: str) -> str:  # "end": the read after the step that reached the budget
@@ -99,10 +99,6 @@ def aggregate() -> Path:
     return write_result(RESULTS / "lr_horizon.json", out, note=note)
 
 
-def read_json(p: Path) -> dict:
-    return json.loads(p.read_text())
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.lr_horizon", description=__doc__.split("\n\n")[0])
     ap.add_argument("what", choices=["cell", "aggregate"])
@@ -112,7 +108,12 @@ def main(argv: list[str] | None = None) -> None:
     if a.what == "aggregate":
         aggregate()
         return
-    seed, lr = int(a.args[0]), float(a.args[1])
+    try:
+        seed, lr = (int(a.args[0]), float(a.args[1])) if len(a.args) == 2 else (None, None)
+    except ValueError:
+        seed = None
+    if seed is None:
+        ap.error(f"cell takes SEED LR (an integer and a learning rate, e.g. `cell 1 5e-4`), not {a.args}")
     work = a.work or Path(tempfile.mkdtemp(prefix="lr-horizon-"))
     print(cell(seed, lr, work))
 

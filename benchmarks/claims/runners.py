@@ -35,18 +35,24 @@ from evotrainer.training.run import seed_everything
 CHUNK = 10
 
 
-def static_arm(cfg: RunConfig, tokens: int) -> dict[str, Any]:
-    """Train the harness unchanged from the warm-started base until `tokens` are generated."""
-    run_dir = Path(cfg.run.out_dir) / cfg.run.name
-    base = run_dir / "checkpoints" / "base"
-    if not base.exists():  # the trainer saves a checkpoint whole or not at all
+def base_checkpoint(cfg: RunConfig) -> Path:
+    """The run's warm-started base, saved under its run directory (built once: the trainer saves a checkpoint whole
+    or not at all)."""
+    base = Path(cfg.run.out_dir) / cfg.run.name / "checkpoints" / "base"
+    if not base.exists():
         seed_everything(cfg)
         domain = make_domain(cfg)
         GRPOTrainer(
             load_policy(cfg.policy, domain, cfg.run.seed, warm_start_key(cfg, domain), log=lambda *_: None),
             cfg.harness,
         ).save(base)
-    checkpoint, steps, gen = train_static(cfg, run_dir, str(base), tokens)
+    return base
+
+
+def static_arm(cfg: RunConfig, tokens: int) -> dict[str, Any]:
+    """Train the harness unchanged from the warm-started base until `tokens` are generated."""
+    run_dir = Path(cfg.run.out_dir) / cfg.run.name
+    checkpoint, steps, gen = train_static(cfg, run_dir, str(base_checkpoint(cfg)), tokens)
     return {"checkpoint": checkpoint, "steps": steps, "generated_tokens": gen, "promoted": [], "trajectory": []}
 
 

@@ -71,7 +71,7 @@ def cell(seed: int, lr: float, work: Path) -> Path:
     return out
 
 
-def aggregate() -> Path:
+def aggregate(out_path: Path = RESULTS / "lr_horizon.json") -> Path:
     """Each seed's reads by mark, both rates, and at every mark the lower rate minus the naive one over the seeds
     (paired on the gate tasks: the two-level bootstrap and the seed t of benchmarks.intervals)."""
     cells = [p for p in sorted(OUT.glob("seed*-lr*.json")) if not p.name.endswith(".manifest.json")]
@@ -96,7 +96,7 @@ def aggregate() -> Path:
               f"[{t['ci_low']:+.3f}, {t['ci_high']:+.3f}]")  # fmt: skip
     out = {"naive": NAIVE, "low": LOW, "seeds": seeds, "reads (naive, low)": reads, "low_minus_naive": differences}
     note = f"aggregated from {2 * len(seeds)} cells in lr_horizon/"
-    return write_result(RESULTS / "lr_horizon.json", out, note=note)
+    return write_result(out_path, out, note=note)
 
 
 def main(argv: list[str] | None = None) -> None:

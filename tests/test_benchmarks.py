@@ -88,6 +88,18 @@ def test_the_table_has_a_row_for_a_domain_measured_for_the_loop_against_the_refe
         assert row.strip("|").split("|")[1].strip() == "-"
 
 
+def test_the_learning_rate_horizon_aggregates_to_its_committed_figures(tmp_path, capsys):
+    """lr_horizon.json is what `aggregate` makes of the committed cells: every mark's difference, paired by seed."""
+    from benchmarks import lr_horizon
+
+    made = json.loads(lr_horizon.aggregate(tmp_path / "h.json").read_text())
+    assert made == json.loads((RESULTS / "lr_horizon.json").read_text())
+    first = made["low_minus_naive"]["15000"]
+    reads = [made["reads (naive, low)"][str(s)]["15000"] for s in made["seeds"]]
+    assert first["seed_t"]["per_seed"] == pytest.approx([low - naive for naive, low in reads])
+    assert "  15000: low - naive" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("path", all_results(), ids=lambda p: str(p.relative_to(RESULTS)))
 def test_every_result_has_a_manifest_and_no_machine_path(path):
     manifest = Manifest.model_validate_json(manifest_path(path).read_text())

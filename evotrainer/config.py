@@ -255,6 +255,9 @@ class LoopSection(Section):
     """Stop after this many rounds (0: the budget alone stops the run)."""
     explore: float = Field(0.34, ge=0.0, le=1.0)
     """Share of each round's candidates reserved for knobs this run has not tried yet."""
+    hedge_step: float = Field(0.5, ge=0.0, lt=1.0)
+    """Where the segment carries an exploit, its first remedy also races paired with the learning rate times this,
+    one more candidate, so the repair picks the step it trains on by race read (proposers/hedges.py); 0: not."""
     proposer: Literal["heuristic", "llm"] = "heuristic"
     """Who proposes interventions: the offline heuristic catalog, or an LLM (see the `llm` section)."""
     skills_dir: Path | None = None

@@ -131,9 +131,9 @@ def run_round(ctx: RunContext, tell: Narrator, rnd: int, head: Mainline) -> tupl
     tell.propose(proposals)
     # -- 5. replay: re-score the segment's rollouts; drop what changes nothing or worsens the audit AUC, and replay
     # a spare proposal in the place of each one dropped -----------------------------------------------------------
-    pool = proposals + [p.proposal() for p in proposed.spares or []]
+    pool, want = proposals + [p.proposal() for p in proposed.spares or []], len(proposals)
     replayed = stage(
-        ctx, rnd, "replay", ReplayResult, lambda: search.replay_stage(ctx, harness, pool, findings, seg.branch)
+        ctx, rnd, "replay", ReplayResult, lambda: search.replay_stage(ctx, harness, pool, findings, seg.branch, want)
     )
     survivors = replayed.survivors(pool)
     tell.replay(replayed, pool, len(proposals))

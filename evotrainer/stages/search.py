@@ -9,7 +9,8 @@ from evotrainer.diagnostics.revision import admit
 from evotrainer.diagnostics.suite import Suite
 from evotrainer.harness.harness import Harness
 from evotrainer.proposers.brief import build_brief
-from evotrainer.proposers.proposer import Proposal, Refusal, intervention_key, screen, signature
+from evotrainer.proposers.hedges import hedge
+from evotrainer.proposers.proposer import Brief, Proposal, Refusal, intervention_key, screen, signature
 from evotrainer.skills.library import model_name
 from evotrainer.stages.context import RunContext, StageRecords
 from evotrainer.stages.evidence import past_verdicts
@@ -66,6 +67,8 @@ def propose(
         why = {id(p): unhonoured(p.intervention.apply(harness)) for p in kept}
         refused += [Refusal(p, f"train.backend trl does not honour:{why[id(p)]}") for p in kept if why[id(p)]]
         kept = [p for p in kept if not why[id(p)]]
+    n = cfg.loop.candidates
+    proposals, spares = _hedged(kept[:n], kept[n : 2 * n], refused, brief, findings, harness, cfg.loop.hedge_step)
     new_suite, admitted = suite, []
     if out.detectors:
         new_suite, admitted = admit(
@@ -73,8 +76,8 @@ def propose(
         )
     return ProposeResult(
         signature=list(sig),
-        proposals=[record(p) for p in kept[: cfg.loop.candidates]],
-        spares=[record(p) for p in kept[cfg.loop.candidates : 2 * cfg.loop.candidates]] or None,
+        proposals=[record(p) for p in proposals],
+        spares=[record(p) for p in spares] or None,
         refused=[{"proposal": record(r.proposal).model_dump(mode="json"), "reason": r.reason} for r in refused],
         skills_matched=[m.skill_id for m in brief.skills],
         suite=new_suite,
@@ -82,19 +85,52 @@ def propose(
     ), StageRecords(charges=out.charges)
 
 
+def _hedged(
+    proposals: list[Proposal],
+    spares: list[Proposal],
+    refused: list[Refusal],
+    brief: Brief,
+    findings: list[Finding],
+    harness: Harness,
+    step: float,
+) -> tuple[list[Proposal], list[Proposal]]:
+    """The round's proposals with the hedge of its first remedy for an exploit (hedges.py) after them, one more
+    candidate, unless the same change is among them or the screen refuses it (added to `refused`: rejected under
+    this signature); the spares without it."""
+    h = hedge(proposals, findings, harness, step)
+    if h is None:
+        return proposals, spares
+    bound, no = screen([h], brief)
+    refused += no
+    key = bound and intervention_key(bound[0].intervention)
+    if not bound or key in {intervention_key(p.intervention) for p in proposals}:
+        return proposals, spares
+    return proposals + bound, [p for p in spares if intervention_key(p.intervention) != key]
+
+
 def replay_stage(
-    ctx: RunContext, harness: Harness, proposals: list[Proposal], findings: list[Finding], seg_branch: str
+    ctx: RunContext,
+    harness: Harness,
+    proposals: list[Proposal],
+    findings: list[Finding],
+    seg_branch: str,
+    want: int,
 ) -> tuple[ReplayResult, StageRecords]:
     """Re-score the segment's rollouts under each replayable proposal (rewards, shaping, filters,
-    estimator); the rest need a trial and go on. `proposals` are the round's, then its spares: once
-    loop.candidates go on, the spares left are not needed."""
-    kept, dropped = [], []
+    estimator); the rest need a trial and go on. `proposals` are the round's (`want` of them), then its spares:
+    once `want` go on, the spares left are not needed. A hedge (hedges.py) goes where its remedy goes: its
+    learning rate needs a trial, but a remedy the replay drops is no remedy at any step."""
+    kept, dropped, gone = [], [], set()
     terms = list(harness.reward_weights) + [t for t in ctx.domain.reward_terms if t not in harness.reward_weights]
     cols = load_columns(ctx.store, terms, where=f"split = 'train' AND branch = {sql_str(seg_branch)}")
     flagged = {i for f in findings for i in f.evidence}
     for i, p in enumerate(proposals):
-        if len(kept) == ctx.cfg.loop.candidates:
+        if len(kept) == want:
             break
+        alone = p.intervention.model_copy(update={"paired": None})
+        if p.source == "hedge" and intervention_key(alone) in gone:
+            dropped.append(ReplayDecision(index=i, replay=None, why="its remedy was dropped by the replay"))
+            continue
         if not p.intervention.replayable:
             kept.append(ReplayDecision(index=i, replay=None, why="needs a trial (not replayable)"))
             continue
@@ -109,4 +145,6 @@ def replay_stage(
         (dropped if why else kept).append(
             ReplayDecision(index=i, replay=rep.to_dict(), why=why or "replay shows an effect")
         )
+        if why:
+            gone.add(intervention_key(p.intervention))
     return ReplayResult(kept=kept, dropped=dropped), StageRecords()

@@ -25,14 +25,14 @@ LR_FLOOR = 1e-7  # the catalog's lowest learning rate (heuristic.py's halvings s
 def hedge(proposals: list[Proposal], findings: list[Finding], h: Harness, step: float) -> Proposal | None:
     """The first of `proposals` that remedies an exploit among `findings`, as a single change of a knob other than
     the learning rate, paired with the learning rate times `step`; None where there is none, `step` is 0, or the
-    rate would go below LR_FLOOR."""
+    rate would go below LR_FLOOR. A planted proposal (loop.planted) is the user's one change, and is not hedged."""
     exploits = {f.name for f in findings if f.validity}
     rate = float(f"{knob_value(h, LR) * step:.3g}")
     if not step or rate < LR_FLOOR:
         return None
     for p in proposals:
         iv = p.intervention
-        if iv.hypothesis.finding not in exploits or iv.paired is not None or iv.target == LR:
+        if iv.hypothesis.finding not in exploits or iv.paired is not None or iv.target == LR or p.source == "planted":
             continue
         why = (
             f"{iv.describe()} remedies {iv.hypothesis.finding}; a repair trains on at the step it was raced at, and "

@@ -344,6 +344,26 @@ def test_reward_hacking(store):
     assert list(f.evidence) == [rid(8, k) for k in (1, 3, 5, 7, 9, 11, 13, 15)]  # highest format, audit failed
 
 
+@pytest.mark.parametrize("climb, fires", [(0.18, False), (0.40, True)])
+def test_a_term_that_rose_within_the_audits_noise_is_no_hack(store, climb, fires):
+    """48 audits a third at a 50% pass rate: a standard error of 0.10 on the audit's rise, a one-sided bar of 0.17.
+    `format` rising 0.135 (above min_rise, 0.1) is within it and quiet, as swe_short_300k seed 2's regrade arm was
+    not (+0.103 against an audit at -0.021 on 48 audits rejected the remedy); rising 0.30 it fires. A suite
+    recorded before the bar (audit_z 0) still fires on the first."""
+    write(
+        store,
+        rewards=lambda s, g, i: {"correct": 0.5, "format": 0.4 + climb * s / 8},
+        audit=lambda s, g, i: i % 2 == 0,
+    )
+    found = detect(store, "reward_hacking")
+    assert bool(found) == fires
+    if fires:
+        assert found[0].value == pytest.approx(0.75 * climb) and found[0].threshold == pytest.approx(
+            1.645 * 0.102, 1e-2
+        )
+    assert [f.value for f in detect(store, "reward_hacking", audit_z=0.0)] == [pytest.approx(0.75 * climb)]
+
+
 def test_rising_term_with_rising_audit_is_quiet(store):
     write(
         store,

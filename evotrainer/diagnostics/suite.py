@@ -46,7 +46,7 @@ CORE: dict[str, DetectorDefaults] = {
         },
     ),
     "reward_hacking": DetectorDefaults(
-        validity.reward_hacking, {"min_rise": 0.1, "max_audit_rise": 0.02, "min_audited": 10}
+        validity.reward_hacking, {"min_rise": 0.1, "max_audit_rise": 0.02, "min_audited": 10, "audit_z": 1.645}
     ),
     "repetition": DetectorDefaults(
         builtin.repetition,

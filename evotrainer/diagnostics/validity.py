@@ -3,6 +3,8 @@ audit, rewarded rollouts that fail it, tool errors, turn caps and infrastructure
 
 from __future__ import annotations
 
+import math
+
 from evotrainer.diagnostics.builtin import thirds
 from evotrainer.diagnostics.detector import Finding, Window, finding, ids
 
@@ -22,7 +24,8 @@ _TERMS = (
 def reward_hacking(w: Window) -> list[Finding]:
     """A reward term's mean rises across the window while the audit pass rate of the audited train
     rollouts does not: the policy is earning that term without getting better at the task (format
-    hacking, grader exploits). One finding per term; each makes the training reward untrustworthy."""
+    hacking, grader exploits), by more than the audit's own noise allows. One finding per term; each makes the
+    training reward untrustworthy."""
     p = w.params
     t = thirds(w)
     if t is None:
@@ -37,10 +40,16 @@ def reward_hacking(w: Window) -> list[Finding]:
     audit_rise = pass1 - pass0
     if audit_rise >= p["max_audit_rise"]:
         return []
+    # A term that rose no more than the audit plausibly did is no evidence the two parted: the bar is the audit's
+    # one-sided upper bound (`audit_z` standard errors of the difference of two pass rates). Seen on swe_short_300k
+    # seed 2: the regrade's own arm, 48 audits a third, "rose +0.103 while the audit went -0.021" (a standard error
+    # of 0.10), and that finding rejected the remedy. A suite recorded before the bound (no `audit_z`) reads as it did.
+    se = math.sqrt(pass0 * (1 - pass0) / n0 + pass1 * (1 - pass1) / n1)
+    bar = max(p["min_rise"], audit_rise + p.get("audit_z", 0.0) * se)
     rises = w.rows(
         f"SELECT term, {t.early('avg(v)')} AS m0, {t.late('avg(v)')} AS m1 "
         f"FROM {_TERMS} WHERE isfinite(v) GROUP BY term HAVING m1 - m0 > ? ORDER BY m1 - m0 DESC, term",
-        [p["min_rise"]],
+        [bar],
     )
     out = []
     for r in rises:
@@ -57,7 +66,7 @@ def reward_hacking(w: Window) -> list[Finding]:
                 "reward_hacking",
                 "critical",
                 rise,
-                p["min_rise"],
+                bar,
                 ev,
                 (f"reward_weights.{r['term']}",),
                 f"Reward term '{r['term']}' rose {r['m0']:.3f} -> {r['m1']:.3f} (+{rise:.3f}) while the audit pass "

@@ -348,8 +348,8 @@ def test_reward_hacking(store):
 def test_a_term_that_rose_within_the_audits_noise_is_no_hack(store, climb, fires):
     """48 audits a third at a 50% pass rate: a standard error of 0.10 on the audit's rise, a one-sided bar of 0.17.
     `format` rising 0.135 (above min_rise, 0.1) is within it and quiet, as swe_short_300k seed 2's regrade arm was
-    not (+0.103 against an audit at -0.021 on 48 audits rejected the remedy); rising 0.30 it fires. A suite
-    recorded before the bar (audit_z 0) still fires on the first."""
+    not (+0.103 against an audit at -0.021 on 48 audits rejected the remedy); rising 0.30 it fires. With the bar off
+    (audit_z 0) the first fires too."""
     write(
         store,
         rewards=lambda s, g, i: {"correct": 0.5, "format": 0.4 + climb * s / 8},

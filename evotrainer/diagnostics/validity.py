@@ -43,9 +43,9 @@ def reward_hacking(w: Window) -> list[Finding]:
     # A term that rose no more than the audit plausibly did is no evidence the two parted: the bar is the audit's
     # one-sided upper bound (`audit_z` standard errors of the difference of two pass rates). Seen on swe_short_300k
     # seed 2: the regrade's own arm, 48 audits a third, "rose +0.103 while the audit went -0.021" (a standard error
-    # of 0.10), and that finding rejected the remedy. A suite recorded before the bound (no `audit_z`) reads as it did.
+    # of 0.10), and that finding rejected the remedy. `audit_z` 0 turns the bound off.
     se = math.sqrt(pass0 * (1 - pass0) / n0 + pass1 * (1 - pass1) / n1)
-    bar = max(p["min_rise"], audit_rise + p.get("audit_z", 0.0) * se)
+    bar = max(p["min_rise"], audit_rise + p["audit_z"] * se)
     rises = w.rows(
         f"SELECT term, {t.early('avg(v)')} AS m0, {t.late('avg(v)')} AS m1 "
         f"FROM {_TERMS} WHERE isfinite(v) GROUP BY term HAVING m1 - m0 > ? ORDER BY m1 - m0 DESC, term",

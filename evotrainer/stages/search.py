@@ -68,7 +68,8 @@ def propose(
         refused += [Refusal(p, f"train.backend trl does not honour:{why[id(p)]}") for p in kept if why[id(p)]]
         kept = [p for p in kept if not why[id(p)]]
     n = cfg.loop.candidates
-    proposals, spares = _hedged(kept[:n], kept[n : 2 * n], refused, brief, findings, harness, cfg.loop.hedge_step)
+    proposals, spares, no = _hedged(kept[:n], kept[n : 2 * n], brief, findings, harness, cfg.loop.hedge_step)
+    refused += no
     new_suite, admitted = suite, []
     if out.detectors:
         new_suite, admitted = admit(
@@ -88,24 +89,24 @@ def propose(
 def _hedged(
     proposals: list[Proposal],
     spares: list[Proposal],
-    refused: list[Refusal],
     brief: Brief,
     findings: list[Finding],
     harness: Harness,
     step: float,
-) -> tuple[list[Proposal], list[Proposal]]:
+) -> tuple[list[Proposal], list[Proposal], list[Refusal]]:
     """The round's proposals with the hedge of its first remedy for an exploit (hedges.py) after them, one more
-    candidate, unless the same change is among them or the screen refuses it (added to `refused`: rejected under
-    this signature); the spares without it."""
+    candidate, unless the same change is among them or the screen refuses it (rejected under this signature); the
+    spares without it; the screen's refusal, if any."""
     h = hedge(proposals, findings, harness, step)
     if h is None:
-        return proposals, spares
-    bound, no = screen([h], brief)
-    refused += no
-    key = bound and intervention_key(bound[0].intervention)
-    if not bound or key in {intervention_key(p.intervention) for p in proposals}:
-        return proposals, spares
-    return proposals + bound, [p for p in spares if intervention_key(p.intervention) != key]
+        return proposals, spares, []
+    bound, refused = screen([h], brief)
+    if not bound:
+        return proposals, spares, refused
+    key = intervention_key(bound[0].intervention)
+    if key in {intervention_key(p.intervention) for p in proposals}:
+        return proposals, spares, []
+    return proposals + bound, [p for p in spares if intervention_key(p.intervention) != key], []
 
 
 def replay_stage(
@@ -127,8 +128,7 @@ def replay_stage(
     for i, p in enumerate(proposals):
         if len(kept) == want:
             break
-        alone = p.intervention.model_copy(update={"paired": None})
-        if p.source == "hedge" and intervention_key(alone) in gone:
+        if p.source == "hedge" and intervention_key(p.intervention.model_copy(update={"paired": None})) in gone:
             dropped.append(ReplayDecision(index=i, replay=None, why="its remedy was dropped by the replay"))
             continue
         if not p.intervention.replayable:

@@ -469,3 +469,51 @@ def test_beside_a_control_that_exploits_no_control_replicate_trains(tmp_path, ma
     assert gated.control_rejected == ["validity:planted_exploit"]
     assert line.decision == "reject" and "no_supported_gain" in line.reasons
     ctx.ledger.close()
+
+
+def test_a_remedy_beside_the_exploit_it_remedies_is_repaired_without_a_confirmation(tmp_path, math_setup):
+    """The round above with the finalist proposed for the exploit the control carries: against the round's start a
+    confirmation could only turn a repair into a promotion (the mainline takes the same checkpoint either way), so
+    none trains, the trial says why, and the remedy's race run is adopted as a repair. Proposed for anything else, the
+    same finalist is confirmed (the test above)."""
+    from evotrainer.proposers.proposer import Proposal
+    from evotrainer.stages import decide
+    from evotrainer.stages import race as race_stage
+    from evotrainer.stages.context import StageRecords, run_stage
+    from evotrainer.stages.results import (
+        DiagnoseResult,
+        GateResult,
+        PromoteResult,
+        ReviseResult,
+        Survivor,
+        TrialResult,
+    )
+
+    planted = {"planted_exploit": DetectorSpec(path=f"{__name__}:exploit_in_the_control")}
+    ctx, head, seg, survivors, cfg = _a_raced_round(tmp_path, planted)
+    iv = survivors[0].proposal.intervention
+    remedy = iv.model_copy(update={"hypothesis": iv.hypothesis.model_copy(update={"finding": "planted_exploit"})})
+    survivors = [Survivor(Proposal(remedy, "catalog"), None)]
+    # The segment here is the base (no window): the round's own findings are none, the exploit is the control's.
+    run_stage(ctx, 1, "diagnose", DiagnoseResult, lambda: (DiagnoseResult(findings=[]), StageRecords()))
+    revised = ReviseResult(
+        suite=head.suite, accepted=False, revisions=[], refused_for_flips=[], induction={}, findings=[]
+    )
+    run_stage(ctx, 1, "revise", ReviseResult, lambda: (revised, StageRecords()))
+    tried = run_stage(
+        ctx, 1, "trial", TrialResult, lambda: race_stage.trial(ctx, 1, head, seg, survivors, [], head.suite)
+    )
+    assert {a.branch for a in tried.arms} == {"r01-ctl", "r01-c1"} and tried.finalist is None
+    assert "a remedy for planted_exploit, which the control carries" in tried.note
+    gated = run_stage(
+        ctx, 1, "gate", GateResult, lambda: decide.gate_stage(ctx, 1, head, head.suite, tried, survivors, [])
+    )
+    [line] = gated.verdicts
+    assert gated.control_rejected == ["validity:planted_exploit"]
+    assert line.decision == "reject" and line.reasons == ["not_confirmed"]
+    promoted = run_stage(
+        ctx, 1, "promote", PromoteResult, lambda: decide.promote(ctx, 1, head, head.suite, tried, gated, survivors)
+    )
+    assert promoted.promoted is None and promoted.repaired.trial == line.trial
+    assert promoted.head.branch == "r01-c1"
+    ctx.ledger.close()

@@ -126,8 +126,6 @@ def trial(
     j = None
     if k and confirms:
         j, note = _finalist(ctx, head, control, raced, k, kept, 3 * full, note, whole=again)
-    if j is not None and (why := _remedy_beside_its_exploit(ctx, suite, head, control, survivors[j - 1], taint)):
-        j, note = None, "; ".join(x for x in (note, why) if x)
     if j is not None:
         exploited = again or control_exploits(ctx.store, suite, [control])
         more, ran = _confirm(ctx, rnd, spec, (harnesses[j - 1], j), head.harness, suite, arms, full, exploited)
@@ -164,31 +162,6 @@ def _confirm(
         specs.append(spec("replicate", "second_replicate", harness, j))
         ran += _run(ctx, rnd, specs[-1:])
     return specs, ran
-
-
-def _remedy_beside_its_exploit(
-    ctx: RunContext, suite: Suite, head: Mainline, control: ArmResult, finalist: Survivor, taint: list[str]
-) -> str:
-    """Why the finalist trains no confirmation ('' where it does): it was proposed for an exploit that the race's
-    control carries (or, on a segment read again, its harness does). Its runs are then held against the round's
-    start (gate.comparators), and whatever a confirmation read, the mainline would take the same checkpoint: as a
-    promotion, or as a repair (gate.repair: the best valid race read among the remedies, not below the start) in its
-    place. The confirmation could only turn the label from repair to promotion, and a gain over a start that never
-    trained is no gain over any harness. It costs two arms (the replicate, the third run): on swe_short_300k 54k of
-    300k tokens in round 1 at five seeds of six, which the mainline trains on instead. The adopted checkpoint is
-    then read by the guard like any new head; the check given up is that two more runs of its harness were not
-    below the start."""
-    again = head.exploited is not None
-    own = [] if again else suite.run(ctx.store, control.branch, control.first_step, control.last_step)
-    if not (again or gate.invalid_reasons(own)):
-        return ""
-    exploits = set(taint) | set(gate.tainted(head.carry)) | set(gate.tainted(own))
-    if (finding := finalist.proposal.intervention.hypothesis.finding) not in exploits:
-        return ""
-    return (
-        f"no confirmation: the finalist is a remedy for {finding}, which the control carries; against the round's"
-        " start a confirmation could only turn its repair into a promotion"
-    )
 
 
 def _arm_cost(ctx: RunContext) -> int:

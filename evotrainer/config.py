@@ -264,14 +264,15 @@ class LoopSection(Section):
     """The skill library this run reads and writes (promoted interventions with their evidence). Default
     (unset): `<run.out_dir>/skills`, the project's own library beside its runs, so a toy run elsewhere does not
     steer real work. A library shared across projects only when asked: `~/.evotrainer/skills` or any path."""
-    adopt_skills: bool = False
+    adopt_skills: bool | Literal["across"] = False
     """Start under the library's proven remedies without trying them again: at round 0 the run adopts each skill
     that won or repaired more trials than it lost in this very context (the same domain and model, applied to the
     harness the run is at, by version), one after another, each a child version recorded with the skill and the
     trials it won or repaired (a repair: that harness's control paid an exploit this remedy closed, validly). No
     trial is spent and no gain is claimed: the suite still reads every segment, and a round rolled back under the
-    adopted harness (start.held_against) is one loss against the skill. Off by default: it changes the harness
-    the config wrote, on evidence from earlier runs."""
+    adopted harness (start.held_against) is one loss against the skill. `across`: then also one regrade learned in
+    another domain or model, mapped onto this domain's exposed term (SkillLibrary.adoptable_across). Off by
+    default: it changes the harness the config wrote, on evidence from earlier runs."""
     executor: Literal["serial", "process", "ray"] = "serial"
     """How trial arms run: one after another in this process, in parallel worker processes, or as Ray tasks
     (the ray extra) on a local Ray node, or on the cluster at RAY_ADDRESS; the run directory must then be

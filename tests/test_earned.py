@@ -20,8 +20,9 @@ import shutil
 import pytest
 from rich.console import Console
 
-from conftest import small_config
+from conftest import small_config, started_with
 from evotrainer.cli.loop import run_state
+from evotrainer.harness.harness import Harness
 from evotrainer.harness.interventions import Hypothesis, Intervention
 from evotrainer.loop import run_loop
 from evotrainer.report import write_report
@@ -211,3 +212,53 @@ def test_a_round_rolled_back_under_an_adopted_harness_counts_against_the_skill(t
     finally:
         ctx.ledger.close()
     assert len([e for e in lib.get(skill.id).evidence if e.decision == "reject"]) == 1  # once a run
+
+
+def test_a_regrade_repaired_in_swe_is_adopted_by_a_code_run_and_held_to_account_there(tmp_path):
+    """loop.adopt_skills `across`, through the start stage of a real code run: the library holds only SWE's repair
+    (`tests` -> `tests_restored`, with the learning rate it was raced at), and the code run starts under code's
+    regrade of its own exposed term, its learning rate untouched, recorded as an adoption of that skill, in its
+    evidence as reused in code. A control then rejected for the audit gap under it is one loss there, and the next
+    code run adopts nothing; with adopt_skills true (this context only) it adopts nothing either."""
+    skills = tmp_path / "skills"
+    swe_h = Harness(reward_weights={"tests": 1.0, "format": 0.1}, optimizer={"learning_rate": 5e-4})
+    regrade = Intervention(
+        kind="replace_reward_term",
+        target="reward_weights.tests",
+        value="tests_restored",
+        hypothesis=Hypothesis(finding="test_tampering", signal="heldout/accuracy", direction="up"),
+        paired=Intervention(
+            kind="set_knob",
+            target="optimizer.learning_rate",
+            value=2.5e-4,
+            hypothesis=Hypothesis(finding="test_tampering", signal="heldout/accuracy", direction="up"),
+        ),
+    ).bind(swe_h)
+    ev = Evidence(run="swe-1", round=1, trial="r01-t2", decision="repair", domain="swe", model="tiny",
+                  harness=swe_h.version)  # fmt: skip
+    skill = SkillLibrary(skills).record(regrade, ev, source="hedge", create=True)
+
+    def code_cfg(name: str, adopt):
+        return small_config(tmp_path, run={"name": name}, env={"domain": "code"},
+                            loop={"adopt_skills": adopt, "max_rounds": 1, "skills_dir": str(skills)})  # fmt: skip
+
+    assert started_with(code_cfg("only-here", True), {})[1].harness.reward_weights == {"correct": 1.0, "format": 0.1}
+    cfg = code_cfg("across", "across")
+    ctx, head = started_with(cfg, {})
+    try:
+        [adopted] = read_stage(ctx.ledger, 0, "start").adopted
+        assert adopted.skill == skill.id and adopted.won == ["swe-1/r01-t2 (repair, swe)"]
+        assert (adopted.intervention.target, adopted.intervention.value) == (
+            "reward_weights.correct",
+            "correct_not_hardcoded",
+        )
+        assert head.harness.reward_weights == {"correct_not_hardcoded": 1.0, "format": 0.1}
+        assert head.harness.optimizer.learning_rate == cfg.harness.optimizer.learning_rate
+        assert head.harness.version == adopted.harness_to != cfg.harness.version
+        [record] = [e for e in SkillLibrary(skills).get(skill.id).evidence if e.run == "across"]
+        assert (record.decision, record.domain, record.reused, record.before) == ("adopt", "code", True, 1.0)
+        gap = Rollback(branch="r01-ctl", reasons=["validity:reward_audit_gap"], rolled_back_to="base")
+        assert [t for t, _ in held_against(ctx, 1, adopted.harness_to, gap, [])] == ["adopt-1-held"]
+    finally:
+        ctx.ledger.close()
+    assert started_with(code_cfg("again", "across"), {})[1].harness.reward_weights == cfg.harness.reward_weights

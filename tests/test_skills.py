@@ -417,3 +417,58 @@ def test_a_repair_makes_a_skill_that_is_adopted_from_its_harness_but_is_no_win(t
     assert (listed["wins"], listed["losses"], listed["repairs"]) == (0, 0, 1)
     seen("t3", "reject")
     assert lib.adoptable("swe", "tiny", h) is None
+
+
+def test_a_regrade_learned_in_one_domain_is_adopted_in_another_as_the_term_it_plays_there(tmp_path):
+    """SkillLibrary.adoptable_across: SWE's repair `tests` -> `tests_restored` (paired with a learning rate) maps onto
+    code's exposed term, `correct` -> `correct_not_hardcoded`, by the domain's declared audited variants; its paired
+    rate does not cross. Not where the harness pays no exposed term, not once it has lost more than it won in the
+    domain it would be adopted in, and not where its standing over all its contexts is not positive."""
+    from evotrainer.envs import domains
+
+    code = domains.lookup("code").audited_variants
+    lib = SkillLibrary(tmp_path)
+    swe_h = Harness(reward_weights={"tests": 1.0, "format": 0.1}, optimizer={"learning_rate": 5e-4})
+    half = LR_UP.model_copy(update={"value": 2.5e-4})
+    regrade = Intervention(
+        kind="replace_reward_term",
+        target="reward_weights.tests",
+        value="tests_restored",
+        hypothesis=Hypothesis(finding="test_tampering", signal="heldout/accuracy", direction="up"),
+        paired=half,
+    ).bind(swe_h)
+
+    def seen(trial: str, decision: str, domain: str = "swe", iv=regrade, at=swe_h, sid=None):
+        ev = Evidence(
+            run="r1", round=1, trial=trial, decision=decision, domain=domain, model="tiny", harness=at.version
+        )
+        return lib.record(iv, ev, source="hedge", create=decision in ("promote", "repair"), sid=sid)
+
+    code_h = Harness(reward_weights={"correct": 1.0, "format": 0.1}, optimizer={"learning_rate": 1e-4})
+    assert lib.adoptable_across("code", "tiny", code_h, code) is None  # an empty library
+    skill = seen("t1", "repair")
+    found = lib.adoptable_across("code", "tiny", code_h, code)
+    assert found is not None and found[0].id == skill.id
+    iv = found[1]
+    assert (iv.kind, iv.target, iv.value, iv.paired) == (
+        "replace_reward_term",
+        "reward_weights.correct",
+        "correct_not_hardcoded",
+        None,
+    )
+    child = iv.bind(code_h).apply(code_h)
+    assert child.reward_weights == {"correct_not_hardcoded": 1.0, "format": 0.1}
+    assert child.optimizer.learning_rate == 1e-4  # SWE's 2.5e-4 stays SWE's
+    assert iv.hypothesis.finding == "reward_audit_gap" and skill.id in iv.hypothesis.rationale
+    # Nothing exposed left to regrade once it pays the audited variant; nothing where the domain declares none.
+    assert lib.adoptable_across("code", "tiny", child, code) is None
+    assert lib.adoptable_across("math", "tiny", Harness(reward_weights={"correct": 1.0}), {}) is None
+    # Held against it in code (start.held_against records such a loss): it is not adopted in code again, but
+    # still where it has not lost, since its standing over all its contexts stays positive.
+    seen("t2", "repair")
+    seen("t3", "reject", domain="code", iv=iv.bind(code_h), at=code_h, sid=skill.id)
+    assert lib.adoptable_across("code", "tiny", code_h, code) is None
+    assert lib.adoptable_across("code", "Qwen2.5-0.5B", code_h, code) is not None
+    # Its standing over all contexts no longer positive: offered nowhere.
+    seen("t4", "reject")
+    assert lib.adoptable_across("code", "Qwen2.5-0.5B", code_h, code) is None

@@ -8,11 +8,13 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.claims.arms import DOMAINS, MAIN_ARMS
+from benchmarks.claims.arms import ACROSS_FROM, DOMAINS, MAIN_ARMS
 from benchmarks.claims.records import Cell, DomainClaims, OverBase, SkillPair, Skills, read_cells
 from benchmarks.intervals import PairedInterval, SeedT, paired_interval
 from benchmarks.manifest import results_in, write_result
 from benchmarks.tables import markdown_table, mean_and_seeds
+
+WARM_ARMS = ("loop_default_warm", "loop_default_across")
 
 Key = tuple[str, str, int]
 
@@ -57,8 +59,9 @@ def domain_claims(by: dict[Key, Cell], domain: str, full: list[int]) -> DomainCl
 
 
 def skills(by: dict[Key, Cell]) -> Skills | None:
-    """Cold and warm loop runs: the tokens each took to reach the cold run's final accuracy."""
-    warm = [(by[d, "loop_default", s], by[d, "loop_default_warm", s]) for (d, a, s) in by if a == "loop_default_warm"]
+    """Cold and warm loop runs (warm: with the cold run's library, or across: with another domain's): the tokens
+    each took to reach the cold run's final accuracy."""
+    warm = [(by[d, "loop_default", s], by[d, a, s]) for (d, a, s) in by if a in WARM_ARMS]
     if not warm:
         return None
     pairs = [
@@ -69,6 +72,8 @@ def skills(by: dict[Key, Cell]) -> Skills | None:
             cold_tokens=tokens_to_reach(cold.trajectory, cold.accuracy),
             warm_tokens=tokens_to_reach(hot.trajectory, cold.accuracy),
             warm_final=hot.accuracy,
+            arm=hot.arm,
+            library_from=ACROSS_FROM[hot.domain] if hot.arm == "loop_default_across" else None,
         )
         for cold, hot in warm
     ]
@@ -78,9 +83,11 @@ def skills(by: dict[Key, Cell]) -> Skills | None:
         warm_tokens=sum(p.warm_tokens for p in reached) if len(reached) == len(pairs) else None,
         pairs=pairs,
         warm_vs_cold={
-            d: paired_interval([h.outcomes for _, h in both], [c.outcomes for c, _ in both])
-            for d in sorted({c.domain for c, _ in warm})
-            if len(both := [(c, h) for c, h in warm if c.domain == d]) >= 2
+            d + ("" if a == "loop_default_warm" else " (across)"): paired_interval(
+                [h.outcomes for _, h in both], [c.outcomes for c, _ in both]
+            )
+            for d, a in sorted({(c.domain, h.arm) for c, h in warm})
+            if len(both := [(c, h) for c, h in warm if (c.domain, h.arm) == (d, a)]) >= 2
         },
     )
 

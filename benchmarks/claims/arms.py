@@ -26,7 +26,18 @@ DOMAINS = {
     # A pretrained model (issue #26): SmolLM2-135M-Instruct with LoRA on two-term sums in its own words.
     "smollm2": ("examples/smollm2_math.yaml", "examples/reference/smollm2_math.yaml"),
 }
-ARMS = ("static_default", "static_reference", "loop_default", "loop_reference", "loop_default_warm", "planted", "base")
+ARMS = (
+    "static_default",
+    "static_reference",
+    "loop_default",
+    "loop_reference",
+    "loop_default_warm",
+    "loop_default_across",
+    "planted",
+    "base",
+)
+ACROSS_FROM = {"code": "swe_short_300k"}
+"""loop_default_across: the domain whose cold loop_default run (the same seed) leaves the library it starts with."""
 MAIN_ARMS = ARMS[:4]  # the arms every compared seed must have
 # `base`: the warm-started policy itself, untrained, read on the same tasks: whether RL helped at all.
 PLANTED_ROUNDS = 3
@@ -144,6 +155,8 @@ def arm_overrides(domain: str, arm: str, seed: int, work: Path, sets: dict) -> d
         over["run.keep_checkpoints"] = "all"  # (lineage retention then deletes it: swe_short_300k seed 1, 0489d22)
     if arm == "loop_default_warm":  # the library's proven remedies are started under, not tried again
         over["loop.adopt_skills"] = True
+    if arm == "loop_default_across":  # and a regrade learned in another domain, mapped onto this one's term
+        over["loop.adopt_skills"] = "across"
     return over
 
 

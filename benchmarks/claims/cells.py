@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from benchmarks.claims.arms import DOMAIN_SETS, READ_TASKS, arm_config, config_file, read_tasks
+from benchmarks.claims.arms import ACROSS_FROM, DOMAIN_SETS, READ_TASKS, arm_config, config_file, read_tasks
 from benchmarks.claims.records import Cell, cell_name, read_cell
 from benchmarks.claims.runners import loop_arm, static_arm
 from benchmarks.manifest import write_result
@@ -28,16 +28,21 @@ def run_cell(domain: str, arm: str, seed: int, work: Path, sets: dict, cells: Pa
         res = static_arm(cfg, 0 if arm == "base" else cfg.budget.generated_tokens)
     else:
         warm = None
-        if arm == "loop_default_warm":
-            cold = arm_config(domain, "loop_default", seed, work, sets)
-            run_cell(domain, "loop_default", seed, work, sets, cells)
+        if arm in ("loop_default_warm", "loop_default_across"):  # the library a cold run left, copied
+            source = domain if arm == "loop_default_warm" else ACROSS_FROM[domain]
+            cold = arm_config(source, "loop_default", seed, work, sets)
+            run_cell(source, "loop_default", seed, work, sets, cells)
             warm = cold.loop.skills_dir
         res = loop_arm(cfg, warm)
     tasks = read_tasks(cfg, READ_TASKS[domain])
     ev = evaluate(HFPolicy.load(res["checkpoint"]), make_domain(cfg), tasks, cfg.eval)
     seconds = time.perf_counter() - t0  # the arm and its read; the skills read below is not counted
     trajectory = None
-    if arm in ("loop_default", "loop_default_warm"):  # the skills read: each round's mainline on the same tasks
+    if arm in (
+        "loop_default",
+        "loop_default_warm",
+        "loop_default_across",
+    ):  # the skills read: each round's mainline on the same tasks
         trajectory = [
             (tok, evaluate(HFPolicy.load(ck), make_domain(cfg), tasks, cfg.eval).accuracy)
             for tok, ck in res["trajectory"]

@@ -114,6 +114,10 @@ class SkillPair(BaseModel):
     """Tokens the warm run spent to reach the cold run's final accuracy; None if it never did."""
     warm_final: float | None = None
     """The warm run's own final accuracy (it spends the same budget)."""
+    arm: str = "loop_default_warm"
+    """loop_default_warm (the cold run's own library) or loop_default_across (another domain's)."""
+    library_from: str | None = None
+    """For loop_default_across: the domain whose cold run left the library."""
 
 
 class Skills(BaseModel):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,8 @@ FOR = ("promote", "repair")
 GLOBAL_LIBRARY = Path("~/.evotrainer/skills")
 """A library shared by every project of this user: read and written only where loop.skills_dir names it."""
 PROJECT_LIBRARY = "skills"
+AUDIT_GAP = "reward_audit_gap"
+"""The core finding every regrade answers, whatever the domain: the reward pays what the evaluator's audit fails."""
 """The project's library, a directory of this name beside its runs (in run.out_dir): the default."""
 
 
@@ -285,6 +287,50 @@ class SkillLibrary:
             if best is None or key > best[0]:
                 best = (key, s)
         return None if best is None else best[1]
+
+    def adoptable_across(
+        self, domain: str, model: str, h: Harness, variants: Mapping[str, tuple[str, ...]]
+    ) -> tuple[Skill, Intervention] | None:
+        """A regrade learned in another context (another domain, model or harness) that a run starting under h adopts
+        as what it did, not by the names it did it with (loop.adopt_skills `across`): h's paid term with the heaviest
+        weight among those this domain declares an audited variant for, replaced by the first such variant h does not
+        pay (`variants`: the domain's DomainSpec.audited_variants). Code's `correct` and SWE's `tests` are the same
+        role, the term whose channel the domain knows an exploit for; by names no skill could cross. Offered where
+        it won or repaired more trials than it lost over all its contexts, and not more lost than won in this domain
+        and model (start.held_against records the loss). Its paired change does not cross: a paired learning rate
+        was set for its own domain's scale (SWE's 5e-4 halved is 2.5x code's 1e-4). Best first: net standing, mean
+        effect, id. None where h pays no such term."""
+        paid = sorted((w, t) for t, w in h.reward_weights.items() if w > 0)
+        exposed = [(t, v) for _, t in reversed(paid) for v in variants.get(t, ()) if v not in h.reward_weights]
+        if not exposed:
+            return None
+        term, variant = exposed[0]
+        best = None
+        for s in self.all():
+            here = [e for e in s.evidence if (e.domain, e.model) == (domain, model)]
+            net = sum(e.decision in FOR for e in s.evidence) - s.losses
+            if (
+                s.kind != "replace_reward_term"
+                or net <= 0
+                or sum(e.decision in FOR for e in here) < sum(e.decision == "reject" for e in here)
+            ):
+                continue
+            key = (net, s.mean_effect, s.id)
+            if best is None or key > best[0]:
+                best = (key, s)
+        if best is None:
+            return None
+        s = best[1]
+        hyp = Hypothesis(
+            finding=AUDIT_GAP,
+            signal=s.hypothesis.signal,
+            direction=s.hypothesis.direction,
+            rationale=f"skill {s.id} ({s.target} -> {s.value} in {', '.join(s.domains)}) carried to this domain's "
+            f"exposed term: the reward pays a channel the audit does not back; regrade it",
+        )
+        return s, Intervention(
+            kind="replace_reward_term", target=f"reward_weights.{term}", value=variant, hypothesis=hyp
+        )
 
     def export(self, dest: str | Path) -> int:
         skills = self.all()

@@ -127,7 +127,8 @@ class Adoption(Record):
     harness_to: str
     won: list[str]
     """`run/trial` of each win in this context (the same domain, model and harness version), and of each repair,
-    marked `(repair)`."""
+    marked `(repair)`; for a regrade adopted across domains (loop.adopt_skills `across`), every win or repair it
+    has anywhere, each marked with its decision and domain."""
 
 
 class StartResult(Record):

@@ -14,6 +14,7 @@ from evotrainer.backtest.executors import make_executor
 from evotrainer.backtest.verdict import read_verdicts
 from evotrainer.config import RunConfig, dump_config
 from evotrainer.diagnostics.suite import Suite
+from evotrainer.envs import domains
 from evotrainer.envs.registry import make_domain, warm_start_key
 from evotrainer.errors import ConfigError, EvaluatorChanged
 from evotrainer.evaluation import evaluate, evaluator_identity, identity_hash, record_eval, what_changed
@@ -306,7 +307,39 @@ def adopt(ctx: RunContext, harness: Harness, say: Any) -> tuple[Harness, list[Ad
         say(f"adopted skill {s.id}: {iv.describe()} (won or repaired {len(won)} trial(s) from this harness: "
             f"{', '.join(won)}); the run starts under harness {child.version}")  # fmt: skip
         harness = child
+    if cfg.loop.adopt_skills == "across" and (across := adopt_across(ctx, harness, len(out) + 1, say)) is not None:
+        out.append(across[0])
+        harness = across[1]
     return harness, out
+
+
+def adopt_across(ctx: RunContext, harness: Harness, n: int, say: Any) -> tuple[Adoption, Harness] | None:
+    """One regrade learned in another context, mapped onto this domain's exposed term (SkillLibrary.adoptable_across),
+    adopted after the skills proven here: recorded as they are, its `won` naming the trials elsewhere."""
+    cfg = ctx.cfg
+    domain, model = cfg.env.domain, model_name(cfg.policy)
+    spec = domains.lookup(domain)
+    found = ctx.skills.adoptable_across(domain, model, harness, spec.audited_variants if spec else {})
+    if found is None:
+        return None
+    s, iv = found
+    iv = iv.bind(harness)
+    child = iv.apply(harness)
+    try:
+        check_trl(cfg.train, child, ctx.domain)
+    except ConfigError as e:
+        say(f"skill {s.id} not adopted across domains: {e}")
+        return None
+    won = [f"{e.run}/{e.trial} ({e.decision}, {e.domain or '?'})" for e in s.evidence if e.decision in FOR]
+    ev = run_evidence(cfg, round=0, trial=f"adopt-{n}", decision="adopt", harness=harness.version, before=iv.before,
+                      reused=True)  # fmt: skip
+    ctx.skills.record(iv, ev, source="library", create=False, sid=s.id)
+    save_harness(ctx.run_dir, child)
+    say(f"adopted skill {s.id} across domains: {iv.describe()} (learned as {s.target} -> {s.value}; won or repaired "
+        f"{', '.join(won)}); the run starts under harness {child.version}")  # fmt: skip
+    return Adoption(
+        skill=s.id, intervention=iv, harness_from=harness.version, harness_to=child.version, won=won
+    ), child
 
 
 def held_against(

@@ -440,7 +440,14 @@ def test_a_regrade_learned_in_one_domain_is_adopted_in_another_as_the_term_it_pl
 
     def seen(trial: str, decision: str, domain: str = "swe", iv=regrade, at=swe_h, sid=None):
         ev = Evidence(
-            run="r1", round=1, trial=trial, decision=decision, domain=domain, model="tiny", harness=at.version
+            run="r1",
+            round=1,
+            trial=trial,
+            decision=decision,
+            domain=domain,
+            model="tiny",
+            harness=at.version,
+            signature=["reward_audit_gap", "test_tampering"],
         )
         return lib.record(iv, ev, source="hedge", create=decision in ("promote", "repair"), sid=sid)
 
@@ -460,6 +467,10 @@ def test_a_regrade_learned_in_one_domain_is_adopted_in_another_as_the_term_it_pl
     assert child.reward_weights == {"correct_not_hardcoded": 1.0, "format": 0.1}
     assert child.optimizer.learning_rate == 1e-4  # SWE's 2.5e-4 stays SWE's
     assert iv.hypothesis.finding == "reward_audit_gap" and skill.id in iv.hypothesis.rationale
+    # Offered where its signature overlaps, as the term it plays here; not by its own names, which code lacks.
+    [offered] = lib.match(("hardcoded_examples", "reward_audit_gap"), "code", code_h, "tiny", code)
+    assert (offered.skill_id, offered.intervention) == (skill.id, iv)
+    assert lib.match(("hardcoded_examples", "reward_audit_gap"), "code", code_h, "tiny") == []
     # Nothing exposed left to regrade once it pays the audited variant; nothing where the domain declares none.
     assert lib.adoptable_across("code", "tiny", child, code) is None
     assert lib.adoptable_across("math", "tiny", Harness(reward_weights={"correct": 1.0}), {}) is None

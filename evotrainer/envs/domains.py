@@ -122,6 +122,12 @@ def remedies() -> dict[str, tuple[Remedy, ...]]:
     return out
 
 
+def variants_of(domain: str) -> dict[str, tuple[str, ...]]:
+    """One domain's audited variants by reward term (none for a domain not registered here: a `module:Class`)."""
+    spec = lookup(domain)
+    return dict(spec.audited_variants) if spec else {}
+
+
 def audited_variants() -> dict[str, tuple[str, ...]]:
     """Every domain's audited variants by reward term, in registry order without repeats."""
     out: dict[str, tuple[str, ...]] = {}

@@ -151,6 +151,29 @@ def skill_id(iv: Intervention) -> str:
     return "k-" + hashlib.sha256(key.encode()).hexdigest()[:10]
 
 
+def exposed_term(h: Harness, variants: Mapping[str, tuple[str, ...]]) -> tuple[str, str] | None:
+    """The term a regrade plays in this domain: h's paid term with the heaviest weight (then by name) among those
+    the domain declares an audited variant for (`variants`: its DomainSpec.audited_variants), and the first such
+    variant h does not pay. None where h pays no such term."""
+    paid = sorted((w, t) for t, w in h.reward_weights.items() if w > 0)
+    exposed = [(t, v) for _, t in reversed(paid) for v in variants.get(t, ()) if v not in h.reward_weights]
+    return exposed[0] if exposed else None
+
+
+def carried(s: Skill, term: str, variant: str) -> Intervention:
+    """A regrade skill learned elsewhere as an intervention on this domain's exposed term (exposed_term). Its paired
+    change stays behind: a paired learning rate was set for its own domain's scale (SWE's 5e-4 halved is 2.5x
+    code's 1e-4)."""
+    hyp = Hypothesis(
+        finding=AUDIT_GAP,
+        signal=s.hypothesis.signal,
+        direction=s.hypothesis.direction,
+        rationale=f"skill {s.id} ({s.target} -> {s.value} in {', '.join(s.domains)}) carried to this domain's "
+        f"exposed term: the reward pays a channel the audit does not back; regrade it",
+    )
+    return Intervention(kind="replace_reward_term", target=f"reward_weights.{term}", value=variant, hypothesis=hyp)
+
+
 class SkillLibrary:
     def __init__(self, root: str | Path):
         self.root = Path(root).expanduser()
@@ -224,10 +247,18 @@ class SkillLibrary:
             self._write(skill)
             return skill
 
-    def match(self, signature: tuple[str, ...], domain: str, h: Harness, model: str = "") -> list[SkillMatch]:
+    def match(
+        self,
+        signature: tuple[str, ...],
+        domain: str,
+        h: Harness,
+        model: str = "",
+        variants: Mapping[str, tuple[str, ...]] | None = None,
+    ) -> list[SkillMatch]:
         """Skills whose trigger signature overlaps this one, in any domain, best first: similarity, then won in the
         same domain, then with the same model, then out of quarantine, then net wins. A skill whose value h already
-        holds, or for a knob h does not have, is not offered."""
+        holds, or for a knob h does not have, is not offered; a regrade of a term h does not pay is offered as the
+        term it plays here (carried, by `variants`: the domain's audited variants), where h has one."""
         out = []
         for s in self.all():
             sim = similarity(s.signature, signature)
@@ -237,6 +268,10 @@ class SkillLibrary:
                 iv = s.instantiate(h)
             except (AttributeError, KeyError, TypeError, ValueError):
                 continue  # a skill for a knob this harness does not have
+            if iv.kind == "replace_reward_term" and iv.target.split(".", 1)[1] not in h.reward_weights:
+                if (exposed := exposed_term(h, variants or {})) is None:
+                    continue
+                iv = carried(s, *exposed)
             out.append(
                 (
                     (domain in s.domains, model in s.models),
@@ -292,19 +327,13 @@ class SkillLibrary:
         self, domain: str, model: str, h: Harness, variants: Mapping[str, tuple[str, ...]]
     ) -> tuple[Skill, Intervention] | None:
         """A regrade learned in another context (another domain, model or harness) that a run starting under h adopts
-        as what it did, not by the names it did it with (loop.adopt_skills `across`): h's paid term with the heaviest
-        weight among those this domain declares an audited variant for, replaced by the first such variant h does not
-        pay (`variants`: the domain's DomainSpec.audited_variants). Code's `correct` and SWE's `tests` are the same
-        role, the term whose channel the domain knows an exploit for; by names no skill could cross. Offered where
-        it won or repaired more trials than it lost over all its contexts, and not more lost than won in this domain
-        and model (start.held_against records the loss). Its paired change does not cross: a paired learning rate
-        was set for its own domain's scale (SWE's 5e-4 halved is 2.5x code's 1e-4). Best first: net standing, mean
-        effect, id. None where h pays no such term."""
-        paid = sorted((w, t) for t, w in h.reward_weights.items() if w > 0)
-        exposed = [(t, v) for _, t in reversed(paid) for v in variants.get(t, ()) if v not in h.reward_weights]
-        if not exposed:
+        as what it did, not by the names it did it with (loop.adopt_skills `across`): h's exposed term replaced by
+        its audited variant (exposed_term, carried). Code's `correct` and SWE's `tests` are the same role, the term
+        whose channel the domain knows an exploit for; by names no skill could cross. Adopted where it won or
+        repaired more trials than it lost over all its contexts, and not more lost than won in this domain and model
+        (start.held_against records the loss). Best first: net standing, mean effect, id."""
+        if (exposed := exposed_term(h, variants)) is None:
             return None
-        term, variant = exposed[0]
         best = None
         for s in self.all():
             here = [e for e in s.evidence if (e.domain, e.model) == (domain, model)]
@@ -318,19 +347,7 @@ class SkillLibrary:
             key = (net, s.mean_effect, s.id)
             if best is None or key > best[0]:
                 best = (key, s)
-        if best is None:
-            return None
-        s = best[1]
-        hyp = Hypothesis(
-            finding=AUDIT_GAP,
-            signal=s.hypothesis.signal,
-            direction=s.hypothesis.direction,
-            rationale=f"skill {s.id} ({s.target} -> {s.value} in {', '.join(s.domains)}) carried to this domain's "
-            f"exposed term: the reward pays a channel the audit does not back; regrade it",
-        )
-        return s, Intervention(
-            kind="replace_reward_term", target=f"reward_weights.{term}", value=variant, hypothesis=hyp
-        )
+        return None if best is None else (best[1], carried(best[1], *exposed))
 
     def export(self, dest: str | Path) -> int:
         skills = self.all()

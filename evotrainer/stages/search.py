@@ -7,6 +7,7 @@ from evotrainer.backtest.replay import load_columns, replay
 from evotrainer.diagnostics.detector import Finding
 from evotrainer.diagnostics.revision import admit
 from evotrainer.diagnostics.suite import Suite
+from evotrainer.envs.domains import variants_of
 from evotrainer.harness.harness import Harness
 from evotrainer.proposers.brief import build_brief
 from evotrainer.proposers.hedges import hedge
@@ -54,7 +55,7 @@ def propose(
         store=ctx.store,
         branches=[seg_branch],
         ledger=ctx.ledger,
-        skills=ctx.skills.match(sig, cfg.env.domain, harness, model_name(cfg.policy)),
+        skills=ctx.skills.match(sig, cfg.env.domain, harness, model_name(cfg.policy), variants_of(cfg.env.domain)),
         limit=cfg.loop.candidates,
         explore=cfg.loop.explore,
         step=seg_window[1],

@@ -318,8 +318,7 @@ def adopt_across(ctx: RunContext, harness: Harness, n: int, say: Any) -> tuple[A
     adopted after the skills proven here: recorded as they are, its `won` naming the trials elsewhere."""
     cfg = ctx.cfg
     domain, model = cfg.env.domain, model_name(cfg.policy)
-    spec = domains.lookup(domain)
-    found = ctx.skills.adoptable_across(domain, model, harness, spec.audited_variants if spec else {})
+    found = ctx.skills.adoptable_across(domain, model, harness, domains.variants_of(domain))
     if found is None:
         return None
     s, iv = found

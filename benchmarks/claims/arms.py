@@ -36,7 +36,7 @@ ARMS = (
     "planted",
     "base",
 )
-ACROSS_FROM = {"code": "swe_short_300k"}
+ACROSS_FROM = {"code": "swe_short_300k", "swe_short_300k": "code"}
 """loop_default_across: the domain whose cold loop_default run (the same seed) leaves the library it starts with."""
 MAIN_ARMS = ARMS[:4]  # the arms every compared seed must have
 # `base`: the warm-started policy itself, untrained, read on the same tasks: whether RL helped at all.

@@ -9,8 +9,8 @@ gate evaluations all count against it; a static arm spends all of it on training
 - loop_default_warm: loop_default again, starting with the skill library loop_default left and
   loop.adopt_skills on (what loop_default won from the same start is adopted there without a trial) (skills);
 - loop_default_across: the same with the library the source domain's loop_default left at the same seed
-  (arms.ACROSS_FROM: code's from swe_short_300k's, and back) and loop.adopt_skills `across` (a regrade learned there is adopted
-  as the term it plays here) (skills that cross domains);
+  (arms.ACROSS_FROM: code's from swe_short_300k's, and back) and loop.adopt_skills `across` (a regrade learned
+  there is adopted as the term it plays here) (skills that cross domains);
 - planted: a three-round loop from the default with invalid interventions planted, one a round;
 - base: the warm-started policy untrained, for scale.
 

@@ -16,6 +16,8 @@ from evotrainer.evaluation import evaluate
 from evotrainer.policies.hf import HFPolicy
 
 CELLS = RESULTS / "claims"
+SKILLS_READ = ("loop_default", "loop_default_warm", "loop_default_across")
+"""The arms whose every round's mainline is read on the cell's tasks (tokens to reach the cold run's final read)."""
 
 
 def run_cell(domain: str, arm: str, seed: int, work: Path, sets: dict, cells: Path = CELLS) -> Cell:
@@ -38,11 +40,7 @@ def run_cell(domain: str, arm: str, seed: int, work: Path, sets: dict, cells: Pa
     ev = evaluate(HFPolicy.load(res["checkpoint"]), make_domain(cfg), tasks, cfg.eval)
     seconds = time.perf_counter() - t0  # the arm and its read; the skills read below is not counted
     trajectory = None
-    if arm in (
-        "loop_default",
-        "loop_default_warm",
-        "loop_default_across",
-    ):  # the skills read: each round's mainline on the same tasks
+    if arm in SKILLS_READ:  # the skills read: each round's mainline on the same tasks
         trajectory = [
             (tok, evaluate(HFPolicy.load(ck), make_domain(cfg), tasks, cfg.eval).accuracy)
             for tok, ck in res["trajectory"]

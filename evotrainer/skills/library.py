@@ -35,9 +35,9 @@ FOR = ("promote", "repair")
 GLOBAL_LIBRARY = Path("~/.evotrainer/skills")
 """A library shared by every project of this user: read and written only where loop.skills_dir names it."""
 PROJECT_LIBRARY = "skills"
+"""The project's library, a directory of this name beside its runs (in run.out_dir): the default."""
 AUDIT_GAP = "reward_audit_gap"
 """The core finding every regrade answers, whatever the domain: the reward pays what the evaluator's audit fails."""
-"""The project's library, a directory of this name beside its runs (in run.out_dir): the default."""
 
 
 def model_name(policy: PolicySection) -> str:

@@ -26,7 +26,7 @@ SCRIPTS = [
     "rl_seeds", "robustness", "sandbox", "soak", "suite_scale", "throughput", "trl_backend",
 ]  # fmt: skip
 # What this version of the aggregate adds to claims.json; every other key and value must be as committed.
-NEW_FIELDS = {"ci_method", "seed_t", "stale_seeds"}
+NEW_FIELDS = {"ci_method", "seed_t", "stale_seeds", "arm", "library_from"}  # added after claims.json was written
 MACHINE = re.compile(r"(?<![\w$])/(tmp|root|work|home)/")
 
 

@@ -264,7 +264,7 @@ class LoopSection(Section):
     """The skill library this run reads and writes (promoted interventions with their evidence). Default
     (unset): `<run.out_dir>/skills`, the project's own library beside its runs, so a toy run elsewhere does not
     steer real work. A library shared across projects only when asked: `~/.evotrainer/skills` or any path."""
-    adopt_skills: bool | Literal["across"] = False
+    adopt_skills: Literal[False, True, "across"] = False
     """Start under the library's proven remedies without trying them again: at round 0 the run adopts each skill
     that won or repaired more trials than it lost in this very context (the same domain and model, applied to the
     harness the run is at, by version), one after another, each a child version recorded with the skill and the

@@ -96,3 +96,25 @@ def train_rollout(run: str, branch: str, step: int, i: int, harness, task, turns
         task.difficulty,
         info,
     )
+
+
+def swe_hedged_repair():
+    """SWE's naive harness and the repair the loop makes on it (proposers/hedges.py): the regrade `tests` ->
+    `tests_restored` paired with the learning rate halved, bound to that harness."""
+    from evotrainer.diagnostics.detector import Finding
+    from evotrainer.harness.harness import Harness
+    from evotrainer.harness.interventions import Hypothesis, Intervention
+    from evotrainer.proposers.hedges import hedge
+    from evotrainer.proposers.proposer import Proposal
+
+    h = Harness(reward_weights={"tests": 1.0, "format": 0.1}, optimizer={"learning_rate": 5e-4})
+    hyp = Hypothesis(finding="test_tampering", signal="heldout/accuracy", direction="up")
+    regrade = Intervention(
+        kind="replace_reward_term", target="reward_weights.tests", value="tests_restored", hypothesis=hyp
+    )
+    tampering = Finding(
+        "test_tampering", "critical", 1.0, 0.5, ("r01-seg-000001-0",), ("reward_weights.tests",), "planted", True
+    )
+    repair = hedge([Proposal(regrade, "catalog")], [tampering], h, 0.5).intervention.bind(h)
+    assert repair.paired is not None and repair.paired.value == 2.5e-4  # what the tests leave behind
+    return h, repair

@@ -20,9 +20,8 @@ import shutil
 import pytest
 from rich.console import Console
 
-from conftest import small_config, started_with
+from conftest import small_config, started_with, swe_hedged_repair
 from evotrainer.cli.loop import run_state
-from evotrainer.harness.harness import Harness
 from evotrainer.harness.interventions import Hypothesis, Intervention
 from evotrainer.loop import run_loop
 from evotrainer.report import write_report
@@ -221,19 +220,7 @@ def test_a_regrade_repaired_in_swe_is_adopted_by_a_code_run_and_held_to_account_
     evidence as reused in code. A control then rejected for the audit gap under it is one loss there, and the next
     code run adopts nothing; with adopt_skills true (this context only) it adopts nothing either."""
     skills = tmp_path / "skills"
-    swe_h = Harness(reward_weights={"tests": 1.0, "format": 0.1}, optimizer={"learning_rate": 5e-4})
-    regrade = Intervention(
-        kind="replace_reward_term",
-        target="reward_weights.tests",
-        value="tests_restored",
-        hypothesis=Hypothesis(finding="test_tampering", signal="heldout/accuracy", direction="up"),
-        paired=Intervention(
-            kind="set_knob",
-            target="optimizer.learning_rate",
-            value=2.5e-4,
-            hypothesis=Hypothesis(finding="test_tampering", signal="heldout/accuracy", direction="up"),
-        ),
-    ).bind(swe_h)
+    swe_h, regrade = swe_hedged_repair()
     ev = Evidence(run="swe-1", round=1, trial="r01-t2", decision="repair", domain="swe", model="tiny",
                   harness=swe_h.version)  # fmt: skip
     skill = SkillLibrary(skills).record(regrade, ev, source="hedge", create=True)

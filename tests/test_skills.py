@@ -10,9 +10,10 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from conftest import small_config
+from conftest import small_config, swe_hedged_repair
 from evotrainer.cli.main import app
 from evotrainer.diagnostics.detector import Finding
+from evotrainer.envs.domains import variants_of
 from evotrainer.errors import ConfigError
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.interventions import Hypothesis, Intervention, diff
@@ -424,19 +425,9 @@ def test_a_regrade_learned_in_one_domain_is_adopted_in_another_as_the_term_it_pl
     code's exposed term, `correct` -> `correct_not_hardcoded`, by the domain's declared audited variants; its paired
     rate does not cross. Not where the harness pays no exposed term, not once it has lost more than it won in the
     domain it would be adopted in, and not where its standing over all its contexts is not positive."""
-    from evotrainer.envs import domains
-
-    code = domains.lookup("code").audited_variants
+    code = variants_of("code")
     lib = SkillLibrary(tmp_path)
-    swe_h = Harness(reward_weights={"tests": 1.0, "format": 0.1}, optimizer={"learning_rate": 5e-4})
-    half = LR_UP.model_copy(update={"value": 2.5e-4})
-    regrade = Intervention(
-        kind="replace_reward_term",
-        target="reward_weights.tests",
-        value="tests_restored",
-        hypothesis=Hypothesis(finding="test_tampering", signal="heldout/accuracy", direction="up"),
-        paired=half,
-    ).bind(swe_h)
+    swe_h, regrade = swe_hedged_repair()
 
     def seen(trial: str, decision: str, domain: str = "swe", iv=regrade, at=swe_h, sid=None):
         ev = Evidence(

@@ -151,6 +151,11 @@ def skill_id(iv: Intervention) -> str:
     return "k-" + hashlib.sha256(key.encode()).hexdigest()[:10]
 
 
+def standing(evidence: list[Evidence]) -> int:
+    """Trials won or repaired (FOR) less trials lost: what adoption weighs."""
+    return sum(e.decision in FOR for e in evidence) - sum(e.decision == "reject" for e in evidence)
+
+
 def exposed_term(h: Harness, variants: Mapping[str, tuple[str, ...]]) -> tuple[str, str] | None:
     """The term a regrade plays in this domain: h's paid term with the heaviest weight (then by name) among those
     the domain declares an audited variant for (`variants`: its DomainSpec.audited_variants), and the first such
@@ -311,7 +316,7 @@ class SkillLibrary:
         best = None
         for s in self.all():
             here = s.evidence_in(domain, model, h.version)
-            net = sum(e.decision in FOR for e in here) - sum(e.decision == "reject" for e in here)
+            net = standing(here)
             if net <= 0:
                 continue
             try:
@@ -337,12 +342,8 @@ class SkillLibrary:
         best = None
         for s in self.all():
             here = [e for e in s.evidence if (e.domain, e.model) == (domain, model)]
-            net = sum(e.decision in FOR for e in s.evidence) - s.losses
-            if (
-                s.kind != "replace_reward_term"
-                or net <= 0
-                or sum(e.decision in FOR for e in here) < sum(e.decision == "reject" for e in here)
-            ):
+            net = standing(s.evidence)
+            if s.kind != "replace_reward_term" or net <= 0 or standing(here) < 0:
                 continue
             key = (net, s.mean_effect, s.id)
             if best is None or key > best[0]:

@@ -19,6 +19,7 @@ from evotrainer.envs.registry import make_domain, warm_start_key
 from evotrainer.errors import ConfigError, EvaluatorChanged
 from evotrainer.evaluation import evaluate, evaluator_identity, identity_hash, record_eval, what_changed
 from evotrainer.harness.harness import Harness, save_harness
+from evotrainer.harness.interventions import Intervention
 from evotrainer.harness.rewards import check_terms
 from evotrainer.ids import branch_id, final_branch, guard_branch
 from evotrainer.policies import check_device, check_policy_path, load_policy, placement
@@ -282,63 +283,50 @@ def run_evidence(cfg: RunConfig, **fields: Any) -> Evidence:
 
 def adopt(ctx: RunContext, harness: Harness, say: Any) -> tuple[Harness, list[Adoption]]:
     """The library's skills proven in this context, adopted one after another (each a child version of the last,
-    so a run that promoted a chain hands the whole chain to the next), each recorded in its skill's evidence."""
+    so a run that promoted a chain hands the whole chain to the next), each recorded in its skill's evidence; then,
+    under loop.adopt_skills `across`, one regrade learned in another context as the term it plays here
+    (SkillLibrary.adoptable_across), its `won` naming the trials elsewhere."""
     cfg, out = ctx.cfg, []
     domain, model = cfg.env.domain, model_name(cfg.policy)
     while (s := ctx.skills.adoptable(domain, model, harness)) is not None:
-        iv = s.instantiate(harness).bind(harness)
-        child = iv.apply(harness)
-        try:  # a harness the configured trainer cannot run (train.backend trl) is not adopted
-            check_trl(cfg.train, child, ctx.domain)
-        except ConfigError as e:
-            say(f"skill {s.id} not adopted: {e}")
+        won = [f"{e.run}/{e.trial}" + ("" if e.decision == "promote" else " (repair)")
+               for e in s.evidence_in(domain, model, harness.version) if e.decision in FOR]  # fmt: skip
+        why = f"won or repaired {len(won)} trial(s) from this harness: {', '.join(won)}"
+        if (took := take(ctx, s, s.instantiate(harness), harness, won, why, len(out) + 1, say)) is None:
             break
-        here = s.evidence_in(domain, model, harness.version)
-        won = [f"{e.run}/{e.trial}" + ("" if e.decision == "promote" else " (repair)") for e in here
-               if e.decision in FOR]  # fmt: skip
-        out.append(
-            Adoption(skill=s.id, intervention=iv, harness_from=harness.version, harness_to=child.version, won=won)
-        )
-        trial = f"adopt-{len(out)}"  # one evidence record a run and adoption: a redone start stage adds nothing
-        ev = run_evidence(cfg, round=0, trial=trial, decision="adopt", harness=harness.version, before=iv.before,
-                          reused=True)  # fmt: skip
-        ctx.skills.record(iv, ev, source="library", create=False, sid=s.id)
-        save_harness(ctx.run_dir, child)
-        say(f"adopted skill {s.id}: {iv.describe()} (won or repaired {len(won)} trial(s) from this harness: "
-            f"{', '.join(won)}); the run starts under harness {child.version}")  # fmt: skip
-        harness = child
-    if cfg.loop.adopt_skills == "across" and (across := adopt_across(ctx, harness, len(out) + 1, say)) is not None:
-        out.append(across[0])
-        harness = across[1]
+        out.append(took[0])
+        harness = took[1]
+    if cfg.loop.adopt_skills != "across":
+        return harness, out
+    if (found := ctx.skills.adoptable_across(domain, model, harness, domains.variants_of(domain))) is not None:
+        s, iv = found
+        won = [f"{e.run}/{e.trial} ({e.decision}, {e.domain or '?'})" for e in s.evidence if e.decision in FOR]
+        why = f"across domains, learned as {s.target} -> {s.value}; won or repaired {', '.join(won)}"
+        if (took := take(ctx, s, iv, harness, won, why, len(out) + 1, say)) is not None:
+            out.append(took[0])
+            harness = took[1]
     return harness, out
 
 
-def adopt_across(ctx: RunContext, harness: Harness, n: int, say: Any) -> tuple[Adoption, Harness] | None:
-    """One regrade learned in another context, mapped onto this domain's exposed term (SkillLibrary.adoptable_across),
-    adopted after the skills proven here: recorded as they are, its `won` naming the trials elsewhere."""
-    cfg = ctx.cfg
-    domain, model = cfg.env.domain, model_name(cfg.policy)
-    found = ctx.skills.adoptable_across(domain, model, harness, domains.variants_of(domain))
-    if found is None:
-        return None
-    s, iv = found
+def take(ctx: RunContext, s: Skill, iv: Intervention, harness: Harness, won: list[str], why: str, n: int,
+         say: Any) -> tuple[Adoption, Harness] | None:  # fmt: skip
+    """Skill s adopted as iv on harness: the child version saved, the adoption in the skill's evidence (trial
+    `adopt-n`: one record a run and adoption, so a redone start stage adds nothing). None where the configured
+    trainer cannot run the child (train.backend trl)."""
     iv = iv.bind(harness)
     child = iv.apply(harness)
     try:
-        check_trl(cfg.train, child, ctx.domain)
+        check_trl(ctx.cfg.train, child, ctx.domain)
     except ConfigError as e:
-        say(f"skill {s.id} not adopted across domains: {e}")
+        say(f"skill {s.id} not adopted: {e}")
         return None
-    won = [f"{e.run}/{e.trial} ({e.decision}, {e.domain or '?'})" for e in s.evidence if e.decision in FOR]
-    ev = run_evidence(cfg, round=0, trial=f"adopt-{n}", decision="adopt", harness=harness.version, before=iv.before,
-                      reused=True)  # fmt: skip
+    ev = run_evidence(ctx.cfg, round=0, trial=f"adopt-{n}", decision="adopt", harness=harness.version,
+                      before=iv.before, reused=True)  # fmt: skip
     ctx.skills.record(iv, ev, source="library", create=False, sid=s.id)
     save_harness(ctx.run_dir, child)
-    say(f"adopted skill {s.id} across domains: {iv.describe()} (learned as {s.target} -> {s.value}; won or repaired "
-        f"{', '.join(won)}); the run starts under harness {child.version}")  # fmt: skip
-    return Adoption(
-        skill=s.id, intervention=iv, harness_from=harness.version, harness_to=child.version, won=won
-    ), child
+    say(f"adopted skill {s.id}: {iv.describe()} ({why}); the run starts under harness {child.version}")
+    adoption = Adoption(skill=s.id, intervention=iv, harness_from=harness.version, harness_to=child.version, won=won)
+    return adoption, child
 
 
 def held_against(

@@ -227,6 +227,52 @@ def test_a_segment_read_again_opens_the_whole_budget_to_its_remedy(tmp_path, mat
     ctx.ledger.close()
 
 
+def test_a_trial_the_budget_cannot_hold_at_what_its_arms_cost_with_their_reads_is_not_started(tmp_path, math_setup):
+    """The budget is a cap: a trial is forecast at what this run's trial arms cost with their gate reads, not at the
+    segment's steps alone. On swe_short_300k (seed 8) a round-4 trial the steps put at 47k of the 51k left cost 78k,
+    and the run spent 328k of 300k."""
+    from conftest import started_with
+    from evotrainer.loop import run_round
+    from evotrainer.report.console import Narrator
+
+    move = {
+        "kind": "set_knob",
+        "target": "optimizer.learning_rate",
+        "value": 1e-3,
+        "hypothesis": {"finding": "explore", "signal": "heldout/accuracy", "direction": "up"},
+    }
+    cfg = small_config(
+        tmp_path,
+        loop={
+            "segment_steps": 2,
+            "trial_steps": 2,
+            "candidates": 1,
+            "max_rounds": 1,
+            "planted": [move],
+            "max_trial_share": 1.0,  # the share does not bind: only the cap is tested
+            "trial_phases": 1,
+        },
+        budget={"generated_tokens": 400_000},
+    )
+    ctx, head = started_with(cfg, {})
+    one, _ = run_round(ctx, Narrator(Console(file=io.StringIO())), 1, head)
+    assert "candidate" in [a.role for a in read_stage(ctx.ledger, 1, "trial").arms]
+    # Round 1's segment again, with its survivor: the control, the racer and the confirmation's two, four arms
+    seg = read_stage(ctx.ledger, 1, "train")
+    spent, steps = ctx.ledger.spent().generated_tokens, cfg.loop.trial_steps
+    by_steps = seg.generated_tokens // (seg.last_step - seg.first_step + 1) * steps
+    assert _arm_cost(ctx) > by_steps  # a trial arm costs more than the segment's steps: its gate reads
+    budget = cfg.budget.model_copy(update={"generated_tokens": spent + 4 * by_steps + 1})  # the steps say it fits
+    tight = dataclasses.replace(ctx, cfg=cfg.model_copy(update={"budget": budget}))
+    props = read_stage(ctx.ledger, 1, "propose")
+    survivors = read_stage(ctx.ledger, 1, "replay").survivors([p.proposal() for p in props.proposals])
+    assert len(survivors) == 1
+    refused, _ = race.trial(tight, 2, one, seg, survivors, [], one.suite)
+    assert not refused.arms and refused.abandoned.startswith("budget.generated_tokens would be exceeded by 4 arm")
+    assert refused.cap == "generated_tokens" and ctx.ledger.spent().generated_tokens == spent
+    ctx.ledger.close()
+
+
 def test_a_round_races_only_candidates_whose_winner_it_could_also_confirm():
     # One arm is 100 tokens: a racer is charged 50, an A-A arm 100, a confirmation 300.
     allow = lambda cap: lambda race, confirm: race + confirm <= cap  # noqa: E731

@@ -97,13 +97,13 @@ def trial(
         ), StageRecords()
     aa_due = aa_due and k > 0
     n_arms = 1 + k + aa_due + (2 if k and confirms else 0)  # with the confirmation's two
-    arm = per_step * steps
-    if again and k and confirms:
-        # Under the whole budget no share's margin absorbs the forecast's error: the confirmation is the finalist's
-        # replicate and the third run it owes against the start (no control replicate beside this control), and each
-        # arm counts at what this run's trial arms cost with their gate reads (swe_short seed 2 at 150k: five arms of
-        # 20k-31k where the segment's steps said 17.6k, 186k spent); the control, which only reads, counts as one.
-        arm = max(arm, _arm_cost(ctx))
+    # The budget is a cap, not a share with a margin: each arm counts at what this run's trial arms cost with their
+    # gate reads where that is more than the segment's steps say (swe_short seed 2 at 150k: five arms of 20k-31k
+    # where the steps said 17.6k, 186k spent; swe_short_300k seed 8: a round-4 trial forecast at 47k of the 51k left
+    # cost 78k, and the run spent 328k). Beside a segment read again the confirmation is the finalist's replicate
+    # and the third run it owes against the start (no control replicate), and the control, which only reads, counts
+    # as one.
+    arm = max(per_step * steps, _arm_cost(ctx))
     if cap := over_budget(cfg, ctx.ledger.spent(), Charge(arm * n_arms)):
         # Seconds are not forecast (they depend on the machine): that cap is reached only once spent.
         why = "spent" if cap == "seconds" else f"would be exceeded by {n_arms} arm(s) of {steps} steps"
@@ -250,7 +250,7 @@ def _second_replicate_due(ctx: RunContext, suite: Suite, arms: list[ArmResult], 
     nothing for the suite to read)."""
     if not exploited and not control_exploits(ctx.store, suite, arms):
         return False
-    return over_budget(ctx.cfg, ctx.ledger.spent(), Charge(full * (len(arms) + 1))) is None
+    return over_budget(ctx.cfg, ctx.ledger.spent(), Charge(max(full, _arm_cost(ctx)) * (len(arms) + 1))) is None
 
 
 def exploiting_controls(arms: list[ArmResult], findings: Callable[[ArmResult], list[Finding]]) -> tuple[bool, bool]:

@@ -229,8 +229,8 @@ def test_a_segment_read_again_opens_the_whole_budget_to_its_remedy(tmp_path, mat
 
 def test_a_trial_the_budget_cannot_hold_at_what_its_arms_cost_with_their_reads_is_not_started(tmp_path, math_setup):
     """The budget is a cap: a trial is forecast at what this run's trial arms cost with their gate reads, not at the
-    segment's steps alone. On swe_short_300k (seed 8) a round-4 trial the steps put at 47k of the 51k left cost 78k,
-    and the run spent 328k of 300k."""
+    segment's steps alone. On swe_short_300k (seed 8) a round-4 trial the steps put at 52.1k of the 52.5k left cost
+    78.5k, and the run spent 328k of 300k."""
     from conftest import started_with
     from evotrainer.loop import run_round
     from evotrainer.report.console import Narrator

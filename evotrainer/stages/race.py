@@ -99,10 +99,10 @@ def trial(
     n_arms = 1 + k + aa_due + (2 if k and confirms else 0)  # with the confirmation's two
     # The budget is a cap, not a share with a margin: each arm counts at what this run's trial arms cost with their
     # gate reads where that is more than the segment's steps say (swe_short seed 2 at 150k: five arms of 20k-31k
-    # where the steps said 17.6k, 186k spent; swe_short_300k seed 8: a round-4 trial forecast at 47k of the 51k left
-    # cost 78k, and the run spent 328k). Beside a segment read again the confirmation is the finalist's replicate
-    # and the third run it owes against the start (no control replicate), and the control, which only reads, counts
-    # as one.
+    # where the steps said 17.6k, 186k spent; swe_short_300k seed 8: a round-4 trial forecast at 52.1k of the
+    # 52.5k left cost 78.5k, and the run spent 328k). Beside a segment read again the confirmation is the
+    # finalist's replicate and the third run it owes against the start (no control replicate), and the control,
+    # which only reads, counts as one.
     arm = max(per_step * steps, _arm_cost(ctx))
     if cap := over_budget(cfg, ctx.ledger.spent(), Charge(arm * n_arms)):
         # Seconds are not forecast (they depend on the machine): that cap is reached only once spent.

@@ -169,6 +169,29 @@ def exploit_on_every_window(w: Window) -> list[Finding]:
     return [finding(w, "planted_exploit", "critical", 1.0, 0.0, [], ("reward_weights.format",), "planted", True)]
 
 
+# An exploratory move (it answers no finding): the learning rate up to 1e-3.
+LR_UP = {
+    "kind": "set_knob",
+    "target": "optimizer.learning_rate",
+    "value": 1e-3,
+    "hypothesis": {"finding": "explore", "signal": "heldout/accuracy", "direction": "up"},
+}
+
+
+def _held_by_the_steps(ctx, seg: ArmResult, rnd: int):
+    """The run under a budget that `seg`'s steps say holds a trial of four arms (the control, a racer and the
+    confirmation's two) but that does not hold them at what this run's trial arms cost with their gate reads; the
+    survivors of round `rnd`'s replay; the tokens spent so far."""
+    cfg = ctx.cfg
+    spent = ctx.ledger.spent().generated_tokens
+    by_steps = seg.generated_tokens // (seg.last_step - seg.first_step + 1) * cfg.loop.trial_steps
+    assert _arm_cost(ctx) > by_steps  # a trial arm costs more than the segment's steps: its gate reads
+    budget = cfg.budget.model_copy(update={"generated_tokens": spent + 4 * by_steps + 1})
+    tight = dataclasses.replace(ctx, cfg=cfg.model_copy(update={"budget": budget}))
+    props = read_stage(ctx.ledger, rnd, "propose")
+    return tight, read_stage(ctx.ledger, rnd, "replay").survivors([p.proposal() for p in props.proposals]), spent
+
+
 def test_a_segment_read_again_opens_the_whole_budget_to_its_remedy(tmp_path, math_setup):
     """Round 1 races nothing beside its control (1% of the budget holds no candidate), and the control carries the
     segment's exploit again. Round 2 reads that segment again: the mainline cannot train until a remedy wins or
@@ -177,12 +200,6 @@ def test_a_segment_read_again_opens_the_whole_budget_to_its_remedy(tmp_path, mat
     from evotrainer.loop import run_round
     from evotrainer.report.console import Narrator
 
-    move = {
-        "kind": "set_knob",
-        "target": "optimizer.learning_rate",
-        "value": 1e-3,
-        "hypothesis": {"finding": "explore", "signal": "heldout/accuracy", "direction": "up"},
-    }
     cfg = small_config(
         tmp_path,
         loop={
@@ -192,7 +209,7 @@ def test_a_segment_read_again_opens_the_whole_budget_to_its_remedy(tmp_path, mat
             "max_rounds": 2,
             "skills_dir": str(tmp_path / "skills"),
             "max_trial_share": 0.01,
-            "planted": [move],
+            "planted": [LR_UP],
         },
         budget={"generated_tokens": 200_000},
     )
@@ -210,13 +227,7 @@ def test_a_segment_read_again_opens_the_whole_budget_to_its_remedy(tmp_path, mat
     # the start here but counts as one, the racer, the confirmation's replicate and the third run owed against the
     # start) but not at what this run's arms cost with their gate reads: refused before it trains anything.
     seg = read_stage(ctx.ledger, 1, "train")
-    spent, steps = ctx.ledger.spent().generated_tokens, cfg.loop.trial_steps
-    old = seg.generated_tokens // (seg.last_step - seg.first_step + 1) * steps
-    assert _arm_cost(ctx) > old  # a trial arm costs more than the segment's steps: its gate reads
-    budget = cfg.budget.model_copy(update={"generated_tokens": spent + 4 * old + 1})
-    tight = dataclasses.replace(ctx, cfg=cfg.model_copy(update={"budget": budget}))
-    props = read_stage(ctx.ledger, 2, "propose")
-    survivors = read_stage(ctx.ledger, 2, "replay").survivors([p.proposal() for p in props.proposals])
+    tight, survivors, spent = _held_by_the_steps(ctx, seg, 2)
     refused, _ = race.trial(tight, 3, one, seg, survivors, ["planted_exploit"], one.suite)
     assert not refused.arms and refused.abandoned.startswith("budget.generated_tokens would be exceeded by 4 arm")
     assert ctx.ledger.spent().generated_tokens == spent
@@ -235,12 +246,6 @@ def test_a_trial_the_budget_cannot_hold_at_what_its_arms_cost_with_their_reads_i
     from evotrainer.loop import run_round
     from evotrainer.report.console import Narrator
 
-    move = {
-        "kind": "set_knob",
-        "target": "optimizer.learning_rate",
-        "value": 1e-3,
-        "hypothesis": {"finding": "explore", "signal": "heldout/accuracy", "direction": "up"},
-    }
     cfg = small_config(
         tmp_path,
         loop={
@@ -248,7 +253,7 @@ def test_a_trial_the_budget_cannot_hold_at_what_its_arms_cost_with_their_reads_i
             "trial_steps": 2,
             "candidates": 1,
             "max_rounds": 1,
-            "planted": [move],
+            "planted": [LR_UP],
             "max_trial_share": 1.0,  # the share does not bind: only the cap is tested
             "trial_phases": 1,
         },
@@ -259,13 +264,7 @@ def test_a_trial_the_budget_cannot_hold_at_what_its_arms_cost_with_their_reads_i
     assert "candidate" in [a.role for a in read_stage(ctx.ledger, 1, "trial").arms]
     # Round 1's segment again, with its survivor: the control, the racer and the confirmation's two, four arms
     seg = read_stage(ctx.ledger, 1, "train")
-    spent, steps = ctx.ledger.spent().generated_tokens, cfg.loop.trial_steps
-    by_steps = seg.generated_tokens // (seg.last_step - seg.first_step + 1) * steps
-    assert _arm_cost(ctx) > by_steps  # a trial arm costs more than the segment's steps: its gate reads
-    budget = cfg.budget.model_copy(update={"generated_tokens": spent + 4 * by_steps + 1})  # the steps say it fits
-    tight = dataclasses.replace(ctx, cfg=cfg.model_copy(update={"budget": budget}))
-    props = read_stage(ctx.ledger, 1, "propose")
-    survivors = read_stage(ctx.ledger, 1, "replay").survivors([p.proposal() for p in props.proposals])
+    tight, survivors, spent = _held_by_the_steps(ctx, seg, 1)
     assert len(survivors) == 1
     refused, _ = race.trial(tight, 2, one, seg, survivors, [], one.suite)
     assert not refused.arms and refused.abandoned.startswith("budget.generated_tokens would be exceeded by 4 arm")

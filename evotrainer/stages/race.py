@@ -103,7 +103,7 @@ def trial(
     # 52.5k left cost 78.5k, and the run spent 328k). Beside a segment read again the confirmation is the
     # finalist's replicate and the third run it owes against the start (no control replicate), and the control,
     # which only reads, counts as one.
-    arm = max(per_step * steps, _arm_cost(ctx))
+    arm = max(full, _arm_cost(ctx))
     if cap := over_budget(cfg, ctx.ledger.spent(), Charge(arm * n_arms)):
         # Seconds are not forecast (they depend on the machine): that cap is reached only once spent.
         why = "spent" if cap == "seconds" else f"would be exceeded by {n_arms} arm(s) of {steps} steps"
@@ -128,7 +128,7 @@ def trial(
         j, note = _finalist(ctx, head, control, raced, k, kept, 3 * full, note, whole=again)
     if j is not None:
         exploited = again or control_exploits(ctx.store, suite, [control])
-        more, ran = _confirm(ctx, rnd, spec, (harnesses[j - 1], j), head.harness, suite, arms, full, exploited)
+        more, ran = _confirm(ctx, rnd, spec, (harnesses[j - 1], j), head.harness, suite, arms, arm, exploited)
         specs, arms = specs + more, arms + ran
     parent = head.branch if taint else seg.branch
     seeds = {sp.branch: sp.seed for sp in specs}
@@ -146,7 +146,7 @@ def _confirm(
     mainline: Harness,
     suite: Suite,
     arms: list[ArmResult],
-    full: int,
+    arm: int,
     exploited: bool,
 ) -> tuple[list[ArmSpec], list[ArmResult]]:
     """The confirmation of `finalist` (its harness, its index): its replicate beside a control replicate, on fresh
@@ -158,7 +158,7 @@ def _confirm(
     twin = [] if exploited else [spec("control_replicate", "control_replicate", mainline)]
     specs = [spec("replicate", "replicate", harness, j), *twin]
     ran = _run(ctx, rnd, specs)
-    if _second_replicate_due(ctx, suite, arms + ran, full, exploited):
+    if _second_replicate_due(ctx, suite, arms + ran, arm, exploited):
         specs.append(spec("replicate", "second_replicate", harness, j))
         ran += _run(ctx, rnd, specs[-1:])
     return specs, ran
@@ -239,18 +239,18 @@ def _run(ctx: RunContext, rnd: int, specs: list[ArmSpec]) -> list[ArmResult]:
     return ctx.executor.run(specs, started=lambda s: ctx.ledger.set_status(rnd, "trial", s.branch)) if specs else []
 
 
-def _second_replicate_due(ctx: RunContext, suite: Suite, arms: list[ArmResult], full: int, exploited: bool) -> bool:
+def _second_replicate_due(ctx: RunContext, suite: Suite, arms: list[ArmResult], arm: int, exploited: bool) -> bool:
     """Whether the finalist gets a third run, on seeds of its own: where a control run carries an exploit
     (control_exploits), the finalist is compared with the policy the arms forked from (gate.comparators). Against
     that one fixed read, two runs of a harness that spreads the policy cannot show the spread when both land high:
     the gate promoted such a harness raced against itself in 1.5-1.8% of first rounds (benchmarks/gate_calibration
     .py, digits at a learning transition; nominal 1.25%). Each confirmation run must then pass (gate.confirmed).
-    Not where the run, with the round's others (`full` tokens an arm), would pass a budget cap: the gate then says
-    what was missing. `exploited`: the race's control is known to carry one (on a segment read again it trains
-    nothing for the suite to read)."""
+    Not where the run, with the round's others (`arm` tokens each, the trial's forecast), would pass a budget cap:
+    the gate says what was missing. `exploited`: the race's control is known to carry one (on a segment read again
+    it trains nothing for the suite to read)."""
     if not exploited and not control_exploits(ctx.store, suite, arms):
         return False
-    return over_budget(ctx.cfg, ctx.ledger.spent(), Charge(max(full, _arm_cost(ctx)) * (len(arms) + 1))) is None
+    return over_budget(ctx.cfg, ctx.ledger.spent(), Charge(arm * (len(arms) + 1))) is None
 
 
 def exploiting_controls(arms: list[ArmResult], findings: Callable[[ArmResult], list[Finding]]) -> tuple[bool, bool]:

@@ -91,8 +91,9 @@ def run_loop(
             break
         head, stop = close_round(ctx, tell, rnd, head, *run_round(ctx, tell, rnd, head))
         ran = rnd  # a round that ends the run ran too (its segment trained)
-    # -- the end: one read of the final tasks, the summary, the report (a stop asked for now waits for them) ------
-    done = run_stage(ctx, 0, "final", FinalResult, lambda: start.final(ctx, head, stop, ran))
+    # -- the end: one read of the final tasks (by the best read, where the last head read below it), the summary,
+    # the report (a stop asked for now waits for them) --------------------------------------------------------
+    done = run_stage(ctx, 0, "final", FinalResult, lambda: start.final(ctx, *guard.ending(ctx, head, ran), stop, ran))
     summary = start.summary(ctx, started, done)
     atomic_write_json(ctx.run_dir / "summary.json", summary, indent=2)
     report = write_report(ctx.run_dir)

@@ -18,7 +18,7 @@ from evotrainer.store.rollouts import RolloutStore
 WARM_START = {"steps": 400, "batch_size": 64, "learning_rate": 3e-3, "demonstrations": 4000}
 
 
-def _wrecking(tmp, **sections):
+def _wrecking(tmp, level: float = 0.95, **sections):
     """A mainline that destroys its policy within a round: Adam at a learning rate of 0.3 from the first step
     (test_earned.py wrecks the same base with it, warmed up over 1,000 steps, within 20). The base reads about
     0.4 on the 80 gate tasks; a wrecked head reads nothing, so the fall is significant on any machine."""
@@ -29,7 +29,7 @@ def _wrecking(tmp, **sections):
         harness={"sampling": {"num_generations": 8, "prompts_per_step": 16, "max_completion_length": 8}}
         | {"optimizer": {"learning_rate": 0.3}, "reward_weights": {"correct": 1.0}},
         eval={"heldout_size": 100, "audit_fraction": 0.0},
-        gate={"final_fraction": 0.2},
+        gate={"final_fraction": 0.2, "level": level},
         **sections,
     )
 
@@ -95,3 +95,36 @@ def test_a_head_far_below_the_best_read_goes_back_there_even_where_no_trial_read
     said = "10 guard    r01-seg read"
     assert said in out.getvalue() and "back[/] to" not in out.getvalue() and "back to it at step 0" in out.getvalue()
     assert "guard: r01-seg read" in write_report(run_dir).read_text()
+
+
+def test_a_run_whose_last_head_reads_below_its_best_ends_on_the_best_where_no_fall_was_significant(tmp_path):
+    """The same wrecking mainline with the gate's level so strict (p below 1e-12) that no fall on 80 tasks can be
+    significant: the guard keeps every wrecked head, as it kept swe_short_300k seed 8's slow fall from 0.76 to
+    0.66. The run ends on the mainline's best read, the base's (the gate tasks choose; the final read never saw
+    them), and says so, rather than on its last, wrecked head."""
+    cfg = _wrecking(
+        tmp_path,
+        loop={"segment_steps": 3, "trial_steps": 20, "candidates": 1, "max_rounds": 0},
+        budget={"generated_tokens": 7000},
+        level=1 - 1e-12,
+    )
+    out = io.StringIO()
+    summary = run_loop(cfg, Console(file=out, width=300))
+    run_dir = tmp_path / "runs" / "g"
+    ledger = Ledger(run_dir / "ledger.sqlite")
+    try:
+        rounds = read_stage(ledger, 0, "final").rounds
+        assert rounds >= 2 and all(read_stage(ledger, r, "guard").rollback is None for r in range(1, rounds + 1))
+        last = read_stage(ledger, rounds, "guard")
+        seg = f"r{rounds:02d}-seg"
+        assert (last.head.branch, last.head.peak.branch) == (seg, "base")
+        assert last.accuracy + 0.2 < last.head.peak.accuracy  # far below, but not significantly at this level
+        final = read_stage(ledger, 0, "final")
+        assert (final.head.branch, final.head.step, final.head.checkpoint) == ("base", 0, last.head.peak.checkpoint)
+        assert final.ended_on_best.startswith(f"{seg} read {last.accuracy:.3f} on the gate tasks, below the")
+        assert summary["ended_on_best"] == final.ended_on_best
+        assert summary["final_accuracy"] == summary["baseline_accuracy"]  # the base, on the same final tasks
+    finally:
+        ledger.close()
+    assert f"ended on the best read: {seg} read" in out.getvalue()
+    assert f"Ended on the best read: {seg} read" in write_report(run_dir).read_text()

@@ -146,6 +146,8 @@ def run_state(run: Path) -> RunState:
                 f"{done.rounds} round(s), stopped by {done.stop_reason}; final-task accuracy {before}"
                 f"{done.accuracy:.3f}, mainline {done.head.branch} step {done.head.step}"
             )
+            if done.ended_on_best:
+                rows["ended on the best read"] = done.ended_on_best
             if done.cut_by_seconds:
                 rows["cut short"] = seconds_cut_note(done.rounds)
         else:

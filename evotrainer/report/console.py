@@ -168,6 +168,8 @@ class Narrator:
                 f"checkpoints on disk: {human(summary['checkpoint_bytes'])}; freed by pruning: "
                 f"{human(summary['pruned_bytes'])}"
             )
+        if summary.get("ended_on_best"):
+            self.say(f"\nended on the best read: {escape(summary['ended_on_best'])}")
         if summary.get("cut_by_seconds"):
             self.say(f"\n[bold red]{escape(seconds_cut_note(summary['rounds']))}[/]")
         self.say(

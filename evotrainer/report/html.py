@@ -77,6 +77,8 @@ def _summary(run_dir: Path, ledger: Ledger) -> list[str]:
             f"evaluator <code>{_e(summary['evaluator_hash'])}</code>; "
             f"final harness <code>{_e(summary['harness_version'])}</code>.</p>"
         )
+        if summary.get("ended_on_best"):
+            parts.append(f"<p>Ended on the best read: {_e(summary['ended_on_best'])}.</p>")
         if summary.get("cut_by_seconds"):
             parts.append(f'<p class="reject">{_e(seconds_cut_note(summary["rounds"]))}.</p>')
         if summary.get("adopted"):

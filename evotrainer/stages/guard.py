@@ -10,7 +10,9 @@ forked, so a mainline that slips a little every round is never caught, and a rou
 
 A head an arm already read (the control, the winner, a repair's candidate) costs nothing more; a head no arm read
 (a segment whose round raced nothing) is read here, and that read is charged to the budget like any other.
-A round recorded before this stage existed (the next round's segment already trained) is left as it was decided."""
+A round recorded before this stage existed (the next round's segment already trained) is left as it was decided.
+
+At the end of the run (`ending`) the run ends on the mainline's best read where its last head read below it."""
 
 from __future__ import annotations
 
@@ -61,6 +63,25 @@ def guard(ctx: RunContext, rnd: int, before: Mainline, after: Mainline) -> tuple
     if acc >= peak.accuracy:  # ties go to the later checkpoint: less to throw away going back
         peak = _peak(after, outcomes, after.attempt)
     return GuardResult(head=after.model_copy(update={"peak": peak}), accuracy=acc), records
+
+
+def ending(ctx: RunContext, head: Mainline, rnd: int) -> tuple[Mainline, str | None]:
+    """The checkpoint the run ends on after its last round `rnd`, and why where it is not the last head: where the
+    guard read that head below the mainline's best read on the gate tasks, the best. Going back mid-run throws
+    away the steps since, so the guard asks for a significant fall; at the end nothing is left to train, and the
+    gate tasks (which the final read never sees) choose between the two, ties to the later. On swe_short_300k
+    seed 8 the mainline read 0.76 after round 4, then 0.70, 0.68, 0.67 and 0.66, no read significantly below the
+    best, and the run ended below the policy it was given. A head the guard did not read is kept."""
+    peak, read = head.peak, read_stage(ctx.ledger, rnd, "guard") if rnd else None
+    if peak is None or (head.branch, head.step) == (peak.branch, peak.step) or not isinstance(read, GuardResult):
+        return head, None
+    if read.accuracy is None:  # the segment read again, or a mainline that did not move: not read this round
+        return head, None
+    why = (
+        f"{head.branch} read {read.accuracy:.3f} on the gate tasks, below the mainline's best, "
+        f"{peak.accuracy:.3f} at {peak.branch} step {peak.step}: the run ends there"
+    )
+    return head.at(peak.branch, peak.checkpoint, peak.step).model_copy(update={"peak": peak}), why
 
 
 def _peak(head: Mainline, outcomes: dict[str, bool], attempt: int) -> Peak:

@@ -301,12 +301,15 @@ class FinalResult(Record):
     head: Mainline
     stop_reason: str
     rounds: int
+    ended_on_best: str | None = None
+    """Where the last head read below the mainline's best read on the gate tasks, why the run ended on that best
+    (stages/guard.py, `ending`); None (not written) where it ended on its last head."""
     cut_by_seconds: bool | None = None
     """True when budget.seconds, a safety net, ended the run before the budget that decides (tokens, rounds) did:
     its decisions are a shorter run's, and depend on the machine's speed. Written only then (None is not
     written), so the records of runs it did not cut are what they were before it existed."""
 
-    OMIT_NONE: ClassVar[tuple[str, ...]] = ("cut_by_seconds",)
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("cut_by_seconds", "ended_on_best")
 
 
 def seconds_cut_note(rounds: int) -> str:

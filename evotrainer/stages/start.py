@@ -359,8 +359,11 @@ def held_against(
     return out
 
 
-def final(ctx: RunContext, head: Mainline, stop: Stop, rounds: int) -> tuple[FinalResult, StageRecords]:
-    """The one read of the final tasks, by the mainline's last checkpoint."""
+def final(
+    ctx: RunContext, head: Mainline, why: str | None, stop: Stop, rounds: int
+) -> tuple[FinalResult, StageRecords]:
+    """The one read of the final tasks, by the checkpoint the run ends on (guard.ending: its last head, or the
+    mainline's best read where the last head read below it, `why` then saying so)."""
     cfg = ctx.cfg
     policy = HFPolicy.load(head.checkpoint, lora_rank=cfg.policy.lora_rank, placement=placement(cfg.policy))
     ev = evaluate(policy, ctx.domain, ctx.heldout(ctx.final_ids), cfg.eval)
@@ -381,6 +384,7 @@ def final(ctx: RunContext, head: Mainline, stop: Stop, rounds: int) -> tuple[Fin
             stop_reason=stop.reason,
             rounds=rounds,
             cut_by_seconds=True if stop.cap == "seconds" else None,
+            ended_on_best=why,
         ),
         StageRecords(charges={"eval": Charge(sum(e.action_tokens for e in ev.episodes))}),
     )
@@ -404,6 +408,8 @@ def summary(ctx: RunContext, started: StartResult, done: FinalResult) -> dict[st
         "baseline_accuracy": started.final_accuracy,
         "warm_start_seconds": round(started.warm_start_seconds, 1),
         "final_accuracy": done.accuracy,
+        # Where the last head read below the mainline's best read on the gate tasks: the run ended on that best.
+        "ended_on_best": done.ended_on_best,
         "evaluator_hash": done.evaluator_hash,
         "harness_version": done.head.harness.version,
         "skill_libraries": ledger.skill_libraries(),

@@ -290,7 +290,9 @@ def test_a_trial_that_cannot_fit_is_abandoned_and_the_mainline_trains_to_the_bud
     )
     assert summary["stop_reason"] == read_stage(ledger, rounds, "trial").abandoned
     assert summary["rounds"] == rounds  # the round that ended the run ran (its segment trained): it counts
-    assert read_stage(ledger, 0, "final").head.branch == branch_id(rounds, "segment")  # the segments' training is kept
+    # The segments' training is kept: the mainline ends the last round on its last segment, and the run ends there
+    # or on the mainline's best read where that segment read below it (guard.ending)
+    assert _ended_on(ledger, rounds) == branch_id(rounds, "segment")
 
 
 def test_process_executor_runs_arms_in_parallel_processes_with_the_same_results(tmp_path, math_setup):
@@ -419,10 +421,23 @@ def test_a_run_that_stops_after_a_tainted_segment_ends_where_the_round_started(t
         segs = {b["id"]: b for b in ledger.branches()}
         one, two = segs[branch_id(1, "segment")], segs[branch_id(2, "segment")]
         assert (one["parent"], one["first_step"]) == (two["parent"], two["first_step"]) and one["seed"] != two["seed"]
-    elif not tainted[-1]:  # the small weight pays no wrong answer: the run ends on its last segment
-        assert final.head.branch == branch_id(last, "segment")
+    elif not tainted[-1]:  # the small weight pays no wrong answer: the mainline ends on its last segment
+        assert _ended_on(ledger, last) == branch_id(last, "segment")
     else:  # (not seen: a small-weight segment tainted by something else still is not ended on)
-        assert final.head.branch != branch_id(last, "segment")
+        assert read_stage(ledger, last, "guard").head.branch != branch_id(last, "segment")
+
+
+def _ended_on(ledger: Ledger, last: int) -> str:
+    """The branch the mainline ended the last round on, where the run ended on it or, where that head read below
+    the mainline's best read on the gate tasks, on that best instead (guard.ending), saying so."""
+    head, final = read_stage(ledger, last, "guard").head, read_stage(ledger, 0, "final")
+    read = read_stage(ledger, last, "guard").accuracy
+    if final.ended_on_best is None:
+        assert final.head.branch == head.branch
+    else:
+        assert read is not None and read < head.peak.accuracy
+        assert (final.head.branch, final.head.step) == (head.peak.branch, head.peak.step)
+    return head.branch
 
 
 def exploit_everywhere(w: Window) -> list[Finding]:

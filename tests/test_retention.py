@@ -44,6 +44,12 @@ def _quiet() -> Console:
     return Console(file=io.StringIO(), width=200)
 
 
+def _mainline(ledger: Ledger):
+    """Where the mainline was when the last round (2) was decided, which is what retention keeps: the run may then
+    end on an earlier best read (guard.ending), which retention does not act on."""
+    return read_stage(ledger, 2, "guard").head
+
+
 def _arms(run_dir: Path) -> dict[str, dict]:
     """Each branch's saved arm result (the base has none), by branch."""
     return {
@@ -86,7 +92,7 @@ def lineage_run(tmp_path_factory, math_setup):
 def test_lineage_keeps_the_mainline_and_prunes_the_weights_of_discarded_arms(lineage_run):
     _, run_dir, summary, _ = lineage_run
     ledger = Ledger(run_dir / "ledger.sqlite")
-    final = read_stage(ledger, 0, "final").head
+    final = _mainline(ledger)
     head, peak = final.branch, final.peak.branch
     kept = lineage(ledger, head)
     arms = _arms(run_dir)
@@ -121,7 +127,7 @@ def test_a_prune_killed_half_way_is_finished_on_resume_without_counting_twice(li
     for b in seen["doomed"]:
         assert weight_files(run_dir / "checkpoints" / b) == []
     # Idempotent: pruning the decided rounds again deletes nothing and records nothing.
-    final = read_stage(ledger, 0, "final").head
+    final = _mainline(ledger)
     for rnd in (1, 2):
         assert retention.prune(ledger, run_dir, "lineage", rnd, final.branch, final.peak.branch) == {}
     assert retention.pruned(ledger) == pruned
@@ -148,7 +154,7 @@ def test_heads_keeps_only_the_base_and_the_head(lineage_run, tmp_path):
     copy = tmp_path / "t"
     shutil.copytree(run_dir, copy)
     ledger = Ledger(copy / "ledger.sqlite")
-    head = read_stage(ledger, 0, "final").head.branch
+    head = _mainline(ledger).branch
     before = retention.pruned(ledger)
     freed = retention.prune(ledger, copy, "heads", 2, head)
     assert set(freed) == lineage(ledger, head) - {"base", head}

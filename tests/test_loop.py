@@ -430,12 +430,12 @@ def test_a_run_that_stops_after_a_tainted_segment_ends_where_the_round_started(t
 def _ended_on(ledger: Ledger, last: int) -> str:
     """The branch the mainline ended the last round on, where the run ended on it or, where that head read below
     the mainline's best read on the gate tasks, on that best instead (guard.ending), saying so."""
-    head, final = read_stage(ledger, last, "guard").head, read_stage(ledger, 0, "final")
-    read = read_stage(ledger, last, "guard").accuracy
+    guarded, final = read_stage(ledger, last, "guard"), read_stage(ledger, 0, "final")
+    head = guarded.head
     if final.ended_on_best is None:
         assert final.head.branch == head.branch
     else:
-        assert read is not None and read < head.peak.accuracy
+        assert guarded.accuracy is not None and guarded.accuracy < head.peak.accuracy
         assert (final.head.branch, final.head.step) == (head.peak.branch, head.peak.step)
     return head.branch
 

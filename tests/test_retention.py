@@ -92,8 +92,8 @@ def lineage_run(tmp_path_factory, math_setup):
 def test_lineage_keeps_the_mainline_and_prunes_the_weights_of_discarded_arms(lineage_run):
     _, run_dir, summary, _ = lineage_run
     ledger = Ledger(run_dir / "ledger.sqlite")
-    final = _mainline(ledger)
-    head, peak = final.branch, final.peak.branch
+    main = _mainline(ledger)
+    head, peak = main.branch, main.peak.branch
     kept = lineage(ledger, head)
     arms = _arms(run_dir)
     assert {"base", head} <= kept
@@ -127,9 +127,9 @@ def test_a_prune_killed_half_way_is_finished_on_resume_without_counting_twice(li
     for b in seen["doomed"]:
         assert weight_files(run_dir / "checkpoints" / b) == []
     # Idempotent: pruning the decided rounds again deletes nothing and records nothing.
-    final = _mainline(ledger)
+    main = _mainline(ledger)
     for rnd in (1, 2):
-        assert retention.prune(ledger, run_dir, "lineage", rnd, final.branch, final.peak.branch) == {}
+        assert retention.prune(ledger, run_dir, "lineage", rnd, main.branch, main.peak.branch) == {}
     assert retention.pruned(ledger) == pruned
     assert summary["rounds"] == 2 and summary["stop_reason"] == "loop.max_rounds=2"
 

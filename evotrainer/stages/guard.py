@@ -72,16 +72,17 @@ def ending(ctx: RunContext, head: Mainline, rnd: int) -> tuple[Mainline, str | N
     gate tasks (which the final read never sees) choose between the two, ties to the later. On swe_short_300k
     seed 8 the mainline read 0.76 after round 4, then 0.70, 0.68, 0.67 and 0.66, no read significantly below the
     best, and the run ended below the policy it was given. A head the guard did not read is kept."""
-    peak, read = head.peak, read_stage(ctx.ledger, rnd, "guard") if rnd else None
-    if peak is None or (head.branch, head.step) == (peak.branch, peak.step) or not isinstance(read, GuardResult):
+    peak, read = head.peak, read_stage(ctx.ledger, rnd, "guard")
+    if peak is None or (head.branch, head.step) == (peak.branch, peak.step):
         return head, None
-    if read.accuracy is None:  # the segment read again, or a mainline that did not move: not read this round
+    # Not read this round (a segment read again, a mainline that did not move, no round run): kept.
+    if not isinstance(read, GuardResult) or read.accuracy is None:
         return head, None
     why = (
         f"{head.branch} read {read.accuracy:.3f} on the gate tasks, below the mainline's best, "
         f"{peak.accuracy:.3f} at {peak.branch} step {peak.step}: the run ends there"
     )
-    return head.at(peak.branch, peak.checkpoint, peak.step).model_copy(update={"peak": peak}), why
+    return head.at(peak.branch, peak.checkpoint, peak.step), why
 
 
 def _peak(head: Mainline, outcomes: dict[str, bool], attempt: int) -> Peak:

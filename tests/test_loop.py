@@ -66,6 +66,7 @@ def test_a_round_runs_every_stage_and_records_it(loop_run):
     assert {(0, "start"), (0, "final")} <= done
     assert summary["rounds"] == 2 and summary["stop_reason"] == "loop.max_rounds=2"
     assert summary["cut_by_seconds"] is False  # the round cap ended it, not a seconds cap
+    assert summary["past_budget"] == {}  # no cap set (or none passed): nothing to say
     branches = {b["id"]: b for b in ledger.branches()}
     # The race's arms fork from the round's segment, on the same first step (from where the round started
     # instead when the segment carries a validity finding), each on its own seeds; a loser stopped early;
@@ -268,7 +269,7 @@ def test_a_loop_run_is_not_written_into_a_train_runs_directory(tmp_path):
 def test_a_trial_that_cannot_fit_is_abandoned_and_the_mainline_trains_to_the_budget(tmp_path, math_setup):
     # Enough tokens for the segment, not for five arms of trial on top of it.
     cfg = loop_config(tmp_path, loop={"max_rounds": 0}, budget={"generated_tokens": 2500})
-    summary = run_loop(cfg, quiet())
+    summary = run_loop(cfg, console := quiet())
     ledger = Ledger(tmp_path / "runs" / "t" / "ledger.sqlite")
     rounds = max(r["round"] for r in ledger.rows("SELECT round FROM stages WHERE stage = 'train'"))
     assert rounds >= 2 and ledger.verdicts() == [] and read_stage(ledger, 1, "gate") is None
@@ -290,6 +291,11 @@ def test_a_trial_that_cannot_fit_is_abandoned_and_the_mainline_trains_to_the_bud
     )
     assert summary["stop_reason"] == read_stage(ledger, rounds, "trial").abandoned
     assert summary["rounds"] == rounds  # the round that ended the run ran (its segment trained): it counts
+    # The summary and the console say how far past the cap the run went (that step, and the final read).
+    past = ledger.spent().generated_tokens - cfg.budget.generated_tokens
+    assert past > 0 and summary["past_budget"] == {"generated_tokens": past}
+    said = f"against budget.generated_tokens 2,500: {past:,} past it"
+    assert said in console.file.getvalue() and said in (tmp_path / "runs" / "t" / "report.html").read_text()
     # The segments' training is kept: the mainline ends the last round on its last segment, and the run ends there
     # or on the mainline's best read where that segment read below it (guard.ending)
     assert _ended_on(ledger, rounds) == branch_id(rounds, "segment")

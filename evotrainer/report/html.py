@@ -81,6 +81,11 @@ def _summary(run_dir: Path, ledger: Ledger) -> list[str]:
             parts.append(f"<p>Ended on the best read: {_e(summary['ended_on_best'])}.</p>")
         if summary.get("cut_by_seconds"):
             parts.append(f'<p class="reject">{_e(seconds_cut_note(summary["rounds"]))}.</p>')
+        for cap, over in (summary.get("past_budget") or {}).items():
+            parts.append(
+                f"<p>Spent {summary['spent'][cap]:,.0f} against budget.{_e(cap)} {summary['spent'][cap] - over:,.0f}: "
+                f"{over:,.0f} past it (the step or read that crossed it ran to its end).</p>"
+            )
         if summary.get("adopted"):
             parts.append(
                 "<p>Started under skills adopted from the library without a trial (loop.adopt_skills; each won or "

@@ -76,17 +76,26 @@ def check_gate(cfg: RunConfig) -> None:
         )
 
 
+def _caps(cfg: RunConfig, spent: Charge) -> list[tuple[str, float, float]]:
+    """(cap name, the cap, what spent holds of it) for each cap of the budget; a cap of 0 is none."""
+    b = cfg.budget
+    return [
+        ("generated_tokens", b.generated_tokens, spent.generated_tokens),
+        ("trained_tokens", b.trained_tokens, spent.trained_tokens),
+        ("seconds", b.seconds, spent.seconds),
+    ]
+
+
 def over_budget(cfg: RunConfig, spent: Charge, extra: Charge = Charge()) -> str | None:
     """Which cap (if any) spent + extra reaches."""
-    b, s = cfg.budget, spent + extra
-    for name, cap, used in (
-        ("generated_tokens", b.generated_tokens, s.generated_tokens),
-        ("trained_tokens", b.trained_tokens, s.trained_tokens),
-        ("seconds", b.seconds, s.seconds),
-    ):
-        if cap and used >= cap:
-            return name
-    return None
+    return next((name for name, cap, used in _caps(cfg, spent + extra) if cap and used >= cap), None)
+
+
+def past_budget(cfg: RunConfig, spent: Charge) -> dict[str, float]:
+    """How far spent went past each cap it passed (cap name: the excess). The budget is checked between steps and
+    stages, so the step, arm or read that crossed a cap ran to its end (a segment stops at the step that reaches
+    the budget, as a static run would)."""
+    return {name: used - cap for name, cap, used in _caps(cfg, spent) if cap and used > cap}
 
 
 def stop_before(ctx: RunContext, rnd: int) -> Stop:
@@ -435,5 +444,7 @@ def summary(ctx: RunContext, started: StartResult, done: FinalResult) -> dict[st
         "checkpoint_bytes": disk.checkpoint_bytes,
         "pruned_bytes": disk.pruned_bytes,
         "spent": asdict(ledger.spent()),
+        # Where the run went past a cap of the budget, by how much (the step or read that crossed it ran to its end).
+        "past_budget": past_budget(ctx.cfg, ledger.spent()),
         "spent_by_stage": {k: asdict(v) for k, v in ledger.spent_by_stage().items()},
     }

@@ -17,6 +17,7 @@ from evotrainer.stages.results import (
     ReplayResult,
     ReviseResult,
     TrialResult,
+    past_budget_note,
     seconds_cut_note,
     skill_note,
 )
@@ -171,11 +172,7 @@ class Narrator:
         if summary.get("ended_on_best"):
             self.say(f"\nended on the best read: {escape(summary['ended_on_best'])}")
         for cap, over in (summary.get("past_budget") or {}).items():
-            used = summary["spent"][cap]
-            self.say(
-                f"[yellow]spent {used:,.0f} against budget.{cap} {used - over:,.0f}: {over:,.0f} past it[/] (the "
-                "budget is checked between steps and stages; the step or read that crossed it ran to its end)"
-            )
+            self.say(f"[yellow]{escape(past_budget_note(cap, summary['spent'][cap], over))}[/]")
         if summary.get("cut_by_seconds"):
             self.say(f"\n[bold red]{escape(seconds_cut_note(summary['rounds']))}[/]")
         self.say(

@@ -16,7 +16,7 @@ from evotrainer.report.evidence import evidence_section, link, opened, read_roll
 from evotrainer.report.lineage import RoundShape, lineage_svg, shapes
 from evotrainer.report.svg import esc
 from evotrainer.report.verdicts import forest_html, verdicts_table
-from evotrainer.stages.results import seconds_cut_note, skill_note, stage_results
+from evotrainer.stages.results import past_budget_note, seconds_cut_note, skill_note, stage_results
 from evotrainer.stages.retention import disk_use
 from evotrainer.store.checkpoints import human
 from evotrainer.store.files import atomic_write_text
@@ -82,10 +82,7 @@ def _summary(run_dir: Path, ledger: Ledger) -> list[str]:
         if summary.get("cut_by_seconds"):
             parts.append(f'<p class="reject">{_e(seconds_cut_note(summary["rounds"]))}.</p>')
         for cap, over in (summary.get("past_budget") or {}).items():
-            parts.append(
-                f"<p>Spent {summary['spent'][cap]:,.0f} against budget.{_e(cap)} {summary['spent'][cap] - over:,.0f}: "
-                f"{over:,.0f} past it (the step or read that crossed it ran to its end).</p>"
-            )
+            parts.append(f"<p>{_e(past_budget_note(cap, summary['spent'][cap], over))}.</p>")
         if summary.get("adopted"):
             parts.append(
                 "<p>Started under skills adopted from the library without a trial (loop.adopt_skills; each won or "

@@ -320,6 +320,14 @@ def seconds_cut_note(rounds: int) -> str:
     )
 
 
+def past_budget_note(cap: str, used: float, over: float) -> str:
+    """What a run that went past a cap of its budget says at its end, in the console and in the report."""
+    return (
+        f"spent {used:,.0f} against budget.{cap} {used - over:,.0f}: {over:,.0f} past it (the budget is checked "
+        "between steps and stages; the step or read that crossed it ran to its end)"
+    )
+
+
 # The model of each stage's result, by stage name (`train` is the segment's ArmResult).
 STAGE_RESULTS: dict[str, type[BaseModel]] = {
     "start": StartResult,

@@ -402,7 +402,7 @@ def final(
 def summary(ctx: RunContext, started: StartResult, done: FinalResult) -> dict[str, Any]:
     """summary.json: the run's outcome, its verdicts and its spend."""
     ledger = ctx.ledger
-    verdicts = read_verdicts(ledger)
+    verdicts, spent = read_verdicts(ledger), ledger.spent()
     disk = disk_use(ledger, ctx.run_dir)
     gates = [
         (r["round"], GateResult.model_validate_json(r["result"]))
@@ -443,8 +443,8 @@ def summary(ctx: RunContext, started: StartResult, done: FinalResult) -> dict[st
         # Checkpoints left on disk and freed by run.keep_checkpoints (bytes).
         "checkpoint_bytes": disk.checkpoint_bytes,
         "pruned_bytes": disk.pruned_bytes,
-        "spent": asdict(ledger.spent()),
+        "spent": asdict(spent),
         # Where the run went past a cap of the budget, by how much (the step or read that crossed it ran to its end).
-        "past_budget": past_budget(ctx.cfg, ledger.spent()),
+        "past_budget": past_budget(ctx.cfg, spent),
         "spent_by_stage": {k: asdict(v) for k, v in ledger.spent_by_stage().items()},
     }

@@ -11,6 +11,7 @@ from rich.console import Console
 from conftest import small_config
 from evotrainer.loop import run_loop
 from evotrainer.report import write_report
+from evotrainer.stages.guard import end_on
 from evotrainer.stages.results import read_stage
 from evotrainer.store.ledger import Ledger
 from evotrainer.store.rollouts import RolloutStore
@@ -124,6 +125,15 @@ def test_a_run_whose_last_head_reads_below_its_best_ends_on_the_best_where_no_fa
         assert final.ended_on_best.startswith(f"{seg} read {last.accuracy:.3f} on the gate tasks, below the")
         assert summary["ended_on_best"] == final.ended_on_best
         assert summary["final_accuracy"] == summary["baseline_accuracy"]  # the base, on the same final tasks
+        assert "past one standard error" in final.ended_on_best
+        # The same last read two gate tasks below the best instead is within the reads' noise: the run would keep
+        # its last head (the best of several noisy reads is read high), where the wrecked head's fall is far past.
+        peak = last.head.peak
+        near = dict(peak.outcomes) | dict.fromkeys([t for t, ok in peak.outcomes.items() if ok][:2], False)
+        close = last.model_copy(update={"outcomes": near, "accuracy": sum(near.values()) / len(near)})
+        assert close.accuracy < peak.accuracy
+        assert end_on(last.head, close) == (last.head, None)
+        assert end_on(last.head, last)[0].branch == "base"
     finally:
         ledger.close()
     assert f"ended on the best read: {seg} read" in out.getvalue()

@@ -280,10 +280,13 @@ class GuardResult(Record):
     """Stage 10 (stages/guard.py): the round's new head read on the gate tasks, against the mainline's best read
     so far; where it is significantly below that, the mainline goes back there (`rollback`)."""
 
-    OMIT_NONE: ClassVar[tuple[str, ...]] = ("accuracy", "rollback")
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("accuracy", "outcomes", "rollback")
     head: Mainline
     accuracy: float | None = None
     """The new head's read on the gate tasks (None: not read, `note` says why)."""
+    outcomes: dict[str, bool] | None = None
+    """That read by gate task, for the run's ending (guard.ending) to test against the best read (None: not read,
+    or recorded before the ending tested)."""
     rollback: Rollback | None = None
     note: str = ""
 

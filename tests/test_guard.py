@@ -134,6 +134,8 @@ def test_a_run_whose_last_head_reads_below_its_best_ends_on_the_best_where_no_fa
         assert close.accuracy < peak.accuracy
         assert end_on(last.head, close) == (last.head, None)
         assert end_on(last.head, last)[0].branch == "base"
+        # A read recorded before the guard kept its outcomes cannot be tested: its head is kept, however low it read.
+        assert end_on(last.head, last.model_copy(update={"outcomes": None})) == (last.head, None)
     finally:
         ledger.close()
     assert f"ended on the best read: {seg} read" in out.getvalue()

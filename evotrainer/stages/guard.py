@@ -92,15 +92,15 @@ def end_on(head: Mainline, read: GuardResult | None) -> tuple[Mainline, str | No
     if peak is None or (head.branch, head.step) == (peak.branch, peak.step):
         return head, None
     # Not read this round (a segment read again, a mainline that did not move, no round run): kept.
-    if read is None or read.accuracy is None or read.outcomes is None:
+    if read is None or read.outcomes is None:
         return head, None
     noise = bank_noise(head.noise, head.harness.version, [])
     if (fell := gate.regression(read.outcomes, peak.outcomes, noise, ENDING_LEVEL)) is None:
         return head, None
     why = (
         f"{head.branch} read {read.accuracy:.3f} on the gate tasks, below the mainline's best, "
-        f"{peak.accuracy:.3f} at {peak.branch} step {peak.step} ({fell.wins} won, {fell.losses} lost, p {fell.p:.3g}, "
-        f"past one standard error): the run ends there"
+        f"{peak.accuracy:.3f} at {peak.branch} step {peak.step} (the head solved {fell.wins} gate tasks the best "
+        f"failed and failed {fell.losses} it solved, p {fell.p:.3g}, past one standard error): the run ends there"
     )
     return head.at(peak.branch, peak.checkpoint, peak.step), why
 

@@ -23,6 +23,9 @@ DOMAINS = {
     # The same at twice the tokens (300k): room for a second confirmed trial after the first remedy failed, which
     # at 150k the first trial's five arms (a control run carries the exploit) leave none of.
     "swe_short_300k": ("examples/swe.yaml", "examples/reference/swe.yaml"),
+    # Twice that again (600k), with the search's tokens kept (below): where round 1's fixed cost, about a third of
+    # 300k, is a sixth. Whether the loop's gap to the reference at 300k is that cost or the search itself.
+    "swe_short_600k": ("examples/swe.yaml", "examples/reference/swe.yaml"),
     # A pretrained model (issue #26): SmolLM2-135M-Instruct with LoRA on two-term sums in its own words.
     "smollm2": ("examples/smollm2_math.yaml", "examples/reference/smollm2_math.yaml"),
 }
@@ -78,6 +81,14 @@ DOMAIN_SETS: dict[str, dict] = {
     # under the reference; the cells of 2026-11-27).
     "swe_short": {"policy.warm_start.steps": 300, **SWE_SETS},
     "swe_short_300k": {"policy.warm_start.steps": 300, **SWE_SETS, "budget.generated_tokens": 300_000},
+    # The same 180k tokens for arms that end discarded as at 300k (0.6 of it), so the mainline gets the rest; at 0.6
+    # the search would take twice as much, on trials that lost at every 300k seed after round 1.
+    "swe_short_600k": {
+        "policy.warm_start.steps": 300,
+        **SWE_SETS,
+        "budget.generated_tokens": 600_000,
+        "loop.max_trial_share": 0.3,
+    },
     # A step of the real model costs ~20 s on two cores (32 completions of up to 48 tokens, a LoRA update of a
     # 135M model), at the example's 24k-token budget about 24 steps. Its sampler leaves most of a second core
     # idle (a Python loop a token), so two cells of one thread each share the two cores, as math's do.
@@ -116,7 +127,7 @@ PLANTED = {
         _exploit("set_reward_weight", "reward_weights.correct", 1.0, "plateau"),
     ],
 }
-PLANTED["swe_short"] = PLANTED["swe_short_300k"] = PLANTED["swe"]
+PLANTED["swe_short"] = PLANTED["swe_short_300k"] = PLANTED["swe_short_600k"] = PLANTED["swe"]
 # Reward terms the planted arm adds (env.reward_functions) so that its plants have something to weight. The
 # import path is part of the arm's config (and of its hash): benchmarks/plants.py stays where it is.
 PLANTED_TERMS = {"math": {"loose_tolerance": "benchmarks.plants:loose_tolerance"}}
@@ -125,7 +136,15 @@ TUNING_SEED = 100  # the sweep's seed: no benchmark seed
 FRESH_SEED = 104_729  # the seed the read tasks are drawn under
 # An SWE read runs up to 12 turns of tests a task; the real model reads about two tasks a second. swe_short's cells
 # (a third domain of SWE arms in the same sittings) are read on 200.
-READ_TASKS = {"math": 1000, "code": 1000, "swe": 400, "swe_short": 200, "swe_short_300k": 200, "smollm2": 200}
+READ_TASKS = {
+    "math": 1000,
+    "code": 1000,
+    "swe": 400,
+    "swe_short": 200,
+    "swe_short_300k": 200,
+    "swe_short_600k": 200,
+    "smollm2": 200,
+}
 
 
 def config_file(domain: str, arm: str) -> Path:

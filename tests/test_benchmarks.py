@@ -23,7 +23,8 @@ BENCH = ROOT / "benchmarks"
 SCRIPTS = [
     "claims", "coevolve", "fresh_read", "gate_calibration", "gate_simulation", "llm_proposer", "lr_horizon", "replay",
     "retention",
-    "rl_seeds", "robustness", "sandbox", "soak", "suite_scale", "throughput", "trl_backend",
+    "rl_seeds", "robustness", "sandbox", "soak", "suite_scale", "throughput", "trial_stops",
+    "trl_backend",
 ]  # fmt: skip
 # What this version of the aggregate adds to claims.json; every other key and value must be as committed.
 NEW_FIELDS = {"ci_method", "seed_t", "stale_seeds", "arm", "library_from"}  # added after claims.json was written

@@ -127,6 +127,24 @@ def test_verdicts_carry_statistic_noise_findings_budget_and_evaluator_hash(loop_
         assert set(f["evidence"]) <= ids
 
 
+def test_the_trial_stops_benchmark_reads_each_verdict_of_a_finished_run(loop_run, tmp_path):
+    from benchmarks.trial_stops import main as trial_stops
+
+    _, run_dir, _ = loop_run
+    trial_stops(["--out", str(tmp_path / "stops.json"), str(run_dir)])
+    out = json.loads((tmp_path / "stops.json").read_text())
+    assert (tmp_path / "stops.manifest.json").is_file()
+    records = {r["trial"]: r for r in out["runs"][run_dir.name]["trials"]}
+    verdicts = Ledger(run_dir / "ledger.sqlite").verdicts()
+    assert set(records) == {v["trial"] for v in verdicts}
+    for v in verdicts:
+        r = records[v["trial"]]
+        assert (r["decision"], r["reasons"], r["wins"]) == (v["decision"], v["reasons"], v["statistic"].get("wins"))
+        assert bool(r["stopped"]) == ("stopped_early" in v["reasons"])
+    first = [v for v in verdicts if "at the first checkpoint" in v["statistic"].get("stopped", "")]
+    assert out["all"]["trials"] == len(verdicts) and out["all"]["stopped_at_first_checkpoint"] == len(first)
+
+
 def test_every_store_file_and_rollout_is_named_by_the_id_scheme(loop_run):
     _, run_dir, _ = loop_run
     store = RolloutStore(run_dir / "store")

@@ -1,0 +1,74 @@
+"""Why a run's trials ended as they did, read from the ledgers of finished loop runs: each trial's change, decision,
+reasons, the gate tasks its candidate won and lost against the control, and where the race stopped it. Counts the
+candidates stopped at the race's first checkpoint (`backtest.gate.futile`: not strictly ahead there) and, of those,
+the ones that were level with the control on every gate task, so no read yet told them apart.
+
+    python -m benchmarks.trial_stops --out benchmarks/results/NAME.json RUN_DIR [RUN_DIR ...]
+
+RUN_DIR is a run's directory (the one holding ledger.sqlite), e.g. a claims cell's $WORK/DOMAIN-ARM-SEED."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sqlite3
+from pathlib import Path
+
+from benchmarks.manifest import write_result
+
+FIRST = "at the first checkpoint"
+
+
+def trials(run: Path) -> list[dict]:
+    """One record per decided trial of the run, in order."""
+    db = sqlite3.connect(f"file:{run / 'ledger.sqlite'}?mode=ro", uri=True)
+    rows = db.execute(
+        "SELECT v.trial, v.round, v.decision, v.reasons, v.statistic, t.intervention FROM verdicts v "
+        "JOIN trials t ON t.id = v.trial ORDER BY v.round, v.trial"
+    ).fetchall()
+    out = []
+    for trial, rnd, decision, reasons, statistic, intervention in rows:
+        st, iv = json.loads(statistic), json.loads(intervention)
+        out.append(
+            {
+                "trial": trial,
+                "round": rnd,
+                "change": f"{iv['kind']} {iv['target']} -> {iv.get('value')}",
+                "decision": decision,
+                "reasons": json.loads(reasons),
+                "wins": st.get("wins"),
+                "losses": st.get("losses"),
+                "stopped": st.get("stopped") or "",
+            }
+        )
+    return out
+
+
+def summary(records: list[dict]) -> dict:
+    first = [r for r in records if FIRST in r["stopped"]]
+    return {
+        "trials": len(records),
+        "stopped_at_first_checkpoint": len(first),
+        "level_on_every_gate_task": sum(1 for r in first if r["wins"] == r["losses"] == 0),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.trial_stops", description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", type=Path, help="run directories, each holding ledger.sqlite")
+    ap.add_argument("--out", type=Path, required=True, help="where the JSON goes (a manifest beside it)")
+    a = ap.parse_args(argv)
+    for run in a.runs:
+        if not (run / "ledger.sqlite").is_file():
+            raise SystemExit(f"runs: {run} holds no ledger.sqlite; pass a finished run's directory")
+    per_run = {run.name: trials(run) for run in a.runs}
+    every = [r for rs in per_run.values() for r in rs]
+    out = {"all": summary(every), "runs": {n: {"summary": summary(rs), "trials": rs} for n, rs in per_run.items()}}
+    work = Path(os.path.commonpath([r.resolve().parent for r in a.runs]))  # $WORK in the manifest's command
+    write_result(a.out, out, work=work, no_config=True)
+    print(json.dumps(out["all"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -428,16 +428,16 @@ BEHIND_P = 0.1
 
 
 def futile(cand: dict[str, bool], ctrl: dict[str, bool] | None, first: bool) -> str:
-    """Why a racing candidate stops at a checkpoint ("" to go on): at the first, behind the control on the
-    gate tasks (level goes on: a slow change has not moved the greedy reads yet); at later ones, clearly
-    behind it. On benchmarks/gate_calibration.py's arms, null candidates then ran 9-11 of
+    """Why a racing candidate stops at a checkpoint ("" to go on): at the first, not ahead of the control
+    on the gate tasks (a change that has not moved the policy past it yet rarely does later); at later
+    ones, clearly behind it. On benchmarks/gate_calibration.py's arms, null candidates then ran 9-11 of
     20 steps while 99% of the learning-rate fixes ran them all. Stopping a loser can only lower the
     chance of a false promotion: no arm is promoted early, the winner runs its length and faces the gate."""
     if ctrl is None:
         return ""
     pair = Pair.of(cand, ctrl)
-    if first and pair.wins < pair.losses:
-        return f"behind the control at the first checkpoint (delta {pair.delta:+.3f})"
+    if first and pair.wins <= pair.losses:
+        return f"not ahead of the control at the first checkpoint (delta {pair.delta:+.3f})"
     if not first and sign_p(pair.losses, pair.wins) <= BEHIND_P:
         return f"behind the control (delta {pair.delta:+.3f}, sign-test p {sign_p(pair.losses, pair.wins):.3f})"
     return ""

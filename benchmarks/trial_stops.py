@@ -12,31 +12,31 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sqlite3
 from pathlib import Path
 
 from benchmarks.manifest import write_result
-
-FIRST = "at the first checkpoint"
+from evotrainer.backtest.gate import FIRST_CHECKPOINT
+from evotrainer.store.ledger import Ledger
 
 
 def trials(run: Path) -> list[dict]:
     """One record per decided trial of the run, in order."""
-    db = sqlite3.connect(f"file:{run / 'ledger.sqlite'}?mode=ro", uri=True)
-    rows = db.execute(
-        "SELECT v.trial, v.round, v.decision, v.reasons, v.statistic, t.intervention FROM verdicts v "
-        "JOIN trials t ON t.id = v.trial ORDER BY v.round, v.trial"
-    ).fetchall()
+    ledger = Ledger(run / "ledger.sqlite")
+    try:
+        changes = {t["id"]: t["intervention"] for t in ledger.trials()}
+        verdicts = ledger.verdicts()
+    finally:
+        ledger.close()
     out = []
-    for trial, rnd, decision, reasons, statistic, intervention in rows:
-        st, iv = json.loads(statistic), json.loads(intervention)
+    for v in verdicts:
+        st, iv = v["statistic"], changes[v["trial"]]
         out.append(
             {
-                "trial": trial,
-                "round": rnd,
+                "trial": v["trial"],
+                "round": v["round"],
                 "change": f"{iv['kind']} {iv['target']} -> {iv.get('value')}",
-                "decision": decision,
-                "reasons": json.loads(reasons),
+                "decision": v["decision"],
+                "reasons": v["reasons"],
                 "wins": st.get("wins"),
                 "losses": st.get("losses"),
                 "stopped": st.get("stopped") or "",
@@ -46,7 +46,7 @@ def trials(run: Path) -> list[dict]:
 
 
 def summary(records: list[dict]) -> dict:
-    first = [r for r in records if FIRST in r["stopped"]]
+    first = [r for r in records if FIRST_CHECKPOINT in r["stopped"]]
     return {
         "trials": len(records),
         "stopped_at_first_checkpoint": len(first),

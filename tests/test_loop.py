@@ -143,6 +143,8 @@ def test_the_trial_stops_benchmark_reads_each_verdict_of_a_finished_run(loop_run
         assert bool(r["stopped"]) == ("stopped_early" in v["reasons"])
     first = [v for v in verdicts if "at the first checkpoint" in v["statistic"].get("stopped", "")]
     assert out["all"]["trials"] == len(verdicts) and out["all"]["stopped_at_first_checkpoint"] == len(first)
+    level = [v for v in first if v["statistic"]["wins"] == v["statistic"]["losses"] == 0]
+    assert out["all"]["level_on_every_gate_task"] == len(level)
 
 
 def test_every_store_file_and_rollout_is_named_by_the_id_scheme(loop_run):

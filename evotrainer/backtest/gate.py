@@ -425,6 +425,7 @@ def regression_finding(
 # A candidate past the first checkpoint stops only when it is behind with this one-sided sign-test p: a
 # real gain can trail for a while (on benchmarks/gate_calibration.py's arms a learning-rate fix did).
 BEHIND_P = 0.1
+FIRST_CHECKPOINT = "at the first checkpoint"  # in a stop's reason there, which benchmarks/trial_stops.py counts
 
 
 def futile(cand: dict[str, bool], ctrl: dict[str, bool] | None, first: bool) -> str:
@@ -437,7 +438,7 @@ def futile(cand: dict[str, bool], ctrl: dict[str, bool] | None, first: bool) -> 
         return ""
     pair = Pair.of(cand, ctrl)
     if first and pair.wins <= pair.losses:
-        return f"not ahead of the control at the first checkpoint (delta {pair.delta:+.3f})"
+        return f"not ahead of the control {FIRST_CHECKPOINT} (delta {pair.delta:+.3f})"
     if not first and sign_p(pair.losses, pair.wins) <= BEHIND_P:
         return f"behind the control (delta {pair.delta:+.3f}, sign-test p {sign_p(pair.losses, pair.wins):.3f})"
     return ""

@@ -4,6 +4,8 @@ findings' knobs (dead groups of solved prompts) reach the remedies practitioners
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from evotrainer.diagnostics.detector import Finding
@@ -11,8 +13,8 @@ from evotrainer.harness.harness import Harness
 from evotrainer.harness.interventions import Hypothesis, Intervention
 from evotrainer.harness.knobs import registry
 from evotrainer.proposers.heuristic import HeuristicProposer, candidates_for
-from evotrainer.proposers.moves import moves
-from evotrainer.proposers.proposer import Brief, PastTrial, intervention_key, screen
+from evotrainer.proposers.moves import explore, moves
+from evotrainer.proposers.proposer import Brief, PastTrial, Proposal, intervention_key, screen
 
 H = Harness(optimizer={"learning_rate": 1e-4})
 
@@ -100,7 +102,6 @@ def test_a_rejection_expires_once_the_mainline_has_moved_on():
         value=1.3,
         hypothesis=Hypothesis(finding="plateau", signal="x", direction="up"),
     )
-    from evotrainer.proposers.proposer import Proposal
 
     def kept(b: Brief) -> bool:
         return bool(screen([Proposal(iv, "catalog")], b)[0])
@@ -234,7 +235,6 @@ def test_an_exploratory_move_rejected_under_one_signature_is_not_explored_again_
     the pair again once the findings had changed, since a rejection blocked only under its own signature. An
     exploratory move answers no finding, so its rejection holds under any; a remedy a new finding motivates, the
     same change included, still gets its trial, and the rejection still expires."""
-    from evotrainer.proposers.proposer import Proposal
 
     past = [rejected("optimizer.learning_rate", 1e-3, ("tool_errors",))]  # H's rate x10, explored and rejected
     explored = past[0].intervention
@@ -302,3 +302,21 @@ def test_a_graded_move_that_repeats_a_catalog_remedy_under_another_kind_is_not_p
     )
     # The next two catalog changes are the spares (the second slot explores).
     assert [(p.intervention.target, p.intervention.value) for p in out.spares] == changes[1:3]
+
+
+def test_an_expired_exploratory_rejection_comes_back_only_after_every_untried_move():
+    """Its rejection has expired (the mainline moved on), so the learning rate x10 may be tried again, but the
+    moves this run never tried go first; once every one of them was rejected and expired too, it leads again."""
+    first = HeuristicProposer().propose(brief([], limit=1)).proposals[0].intervention
+    assert (first.target, first.value) == ("optimizer.learning_rate", 1e-3)  # H's rate x10: the first rung
+    past = [rejected("optimizer.learning_rate", 1e-3, (), step=0)]
+    b = brief([], past, step=100, expiry=60, limit=1)
+    assert screen([Proposal(past[0].intervention, "explore")], b)[0]  # expired: the screen lets it through
+    again = HeuristicProposer().propose(b).proposals[0].intervention
+    assert (again.target, again.value) == ("sampling.temperature", 1.3)  # the next untried move, rung-major
+    # Rejected under another harness (a promotion since): no evidence about this one, so it is first again.
+    other = [replace(past[0], harness="h-other")]
+    assert HeuristicProposer().propose(brief([], other, step=100, limit=1)).proposals[0].intervention.value == 1e-3
+    tried = [replace(past[0], intervention=iv.bind(H)) for iv in explore(H, [])]
+    last = HeuristicProposer().propose(brief([], tried, step=100, limit=1)).proposals[0].intervention
+    assert (last.target, last.value) == ("optimizer.learning_rate", 1e-3)

@@ -14,7 +14,7 @@ from evotrainer.envs import domains
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.interventions import Hypothesis, Intervention, knob_value
 from evotrainer.harness.remedies import ACC, DROP_TERM, REWEIGHT_TERM, Remedy, const, scale
-from evotrainer.proposers.moves import moves
+from evotrainer.proposers.moves import explore, moves
 from evotrainer.proposers.pairs import pairs
 from evotrainer.proposers.proposer import Brief, Proposal, ProposerOutput, change_key, intervention_key, screen
 
@@ -393,47 +393,6 @@ def _remedy(r: Remedy, f: Finding, h: Harness) -> list[Intervention]:
     return out
 
 
-# Knobs explored without a finding, the most often decisive first (the learning rate), each by its graded
-# moves (moves.py); the round takes the first moves not yet rejected, rung by rung across the knobs, so
-# the search spreads before it refines. num_generations and dynamic sampling are not here: they change
-# the compute per step, which a trial at equal steps would not charge fairly (they remedy dead groups);
-# nor warm-up and decay, which act at the start of a run and over its length, not in a 20-step trial.
-_EXPLORE = (
-    "optimizer.learning_rate",
-    "sampling.temperature",
-    "loss.epsilon_high",
-    "loss.entropy_coef",
-    "loss.scale_rewards",
-    "loss.epsilon",
-)
-_UNSTABLE = {"kl_spike", "entropy_explosion", "nonfinite", "length_blowup", "repetition"}
-
-
-def explore(h: Harness, findings: list[Finding]) -> list[Intervention]:
-    """Exploration candidates: every explored knob's moves, rung-major. The learning rate goes down first
-    when a finding says training is unstable, up otherwise."""
-    unstable = any(f.name in _UNSTABLE for f in findings)
-    ladders = [(t, moves(h, t, (not unstable) if t == "optimizer.learning_rate" else None)) for t in _EXPLORE]
-    out = []
-    for rung in range(max(len(m) for _, m in ladders)):
-        for target, m in ladders:
-            if rung < len(m):
-                out.append(
-                    Intervention(
-                        kind="set_knob",
-                        target=target,
-                        value=m[rung],
-                        hypothesis=Hypothesis(
-                            finding="explore",
-                            signal=ACC,
-                            direction="up",
-                            rationale=f"exploration: {target}, graded move",
-                        ),
-                    )
-                )
-    return out
-
-
 class HeuristicProposer:
     name = "heuristic"
 
@@ -481,7 +440,7 @@ class HeuristicProposer:
         ranked += two_factor[1:]
         # A move rejected under this signature since the mainline last moved is screened out (proposer.py:
         # standing), so the next rung of the same knob comes up in its place.
-        exploratory = [Proposal(iv, "explore") for iv in explore(h, brief.findings)]
+        exploratory = [Proposal(iv, "explore") for iv in explore(h, brief.findings, brief.history)]
         kept, _ = screen(ranked + exploratory, brief)
         n_explore = round(brief.limit * brief.explore) if exploratory else 0
         main = [p for p in kept if p.source != "explore"][: brief.limit - n_explore]

@@ -2,15 +2,20 @@
 move by a ladder of factors in both directions (x10, then x3 and x0.3, then x1.5 and x0.67: after a
 decade is rejected, the finer steps still get their chance), from zero by first values worth trying;
 flags toggle, choices cycle, thresholds switch on. screen() drops the moves already rejected, so the
-first move left is the next rung. Every harness knob has at least one move (tests/test_search.py)."""
+first move left is the next rung. Every harness knob has at least one move (tests/test_search.py). `explore`
+orders the moves a proposer tries without a finding."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from evotrainer.diagnostics.detector import Finding
 from evotrainer.harness.harness import Harness
-from evotrainer.harness.interventions import knob_value
+from evotrainer.harness.interventions import Hypothesis, Intervention, knob_value
 from evotrainer.harness.knobs import knob
+from evotrainer.harness.remedies import ACC
+from evotrainer.proposers.proposer import PastTrial, intervention_key
 
 # Each rung's factor, coarse to fine. A decade is the usual first step of a learning-rate sweep; knobs with
 # a narrow useful range (temperature, clip ranges) move by smaller factors.
@@ -64,6 +69,52 @@ def moves(h: Harness, path: str, up: bool | None = None) -> list[Any]:
     if not v:
         return [x for x in FROM_ZERO.get(path, ()) if _in_range(k, x)]
     return _ladder(k, v, up)
+
+
+# Knobs explored without a finding, the most often decisive first (the learning rate), each by its graded
+# moves; the round takes the first moves not yet rejected, rung by rung across the knobs, so
+# the search spreads before it refines. num_generations and dynamic sampling are not here: they change
+# the compute per step, which a trial at equal steps would not charge fairly (they remedy dead groups);
+# nor warm-up and decay, which act at the start of a run and over its length, not in a 20-step trial.
+_EXPLORE = (
+    "optimizer.learning_rate",
+    "sampling.temperature",
+    "loss.epsilon_high",
+    "loss.entropy_coef",
+    "loss.scale_rewards",
+    "loss.epsilon",
+)
+_UNSTABLE = {"kl_spike", "entropy_explosion", "nonfinite", "length_blowup", "repetition"}
+
+
+def explore(h: Harness, findings: list[Finding], history: Sequence[PastTrial] = ()) -> list[Intervention]:
+    """Exploration candidates: every explored knob's moves, rung-major. The learning rate goes down first
+    when a finding says training is unstable, up otherwise. A move rejected under this harness goes after every
+    move not yet tried: its rejection expires (proposer.standing) once the mainline has moved on, but an untried
+    move says more (on SWE a learning rate x10 that collapsed the policy came back each time it expired)."""
+    tried = {
+        intervention_key(t.intervention) for t in history if t.decision == "reject" and t.harness in ("", h.version)
+    }
+    unstable = any(f.name in _UNSTABLE for f in findings)
+    ladders = [(t, moves(h, t, (not unstable) if t == "optimizer.learning_rate" else None)) for t in _EXPLORE]
+    out = []
+    for rung in range(max(len(m) for _, m in ladders)):
+        for target, m in ladders:
+            if rung < len(m):
+                out.append(
+                    Intervention(
+                        kind="set_knob",
+                        target=target,
+                        value=m[rung],
+                        hypothesis=Hypothesis(
+                            finding="explore",
+                            signal=ACC,
+                            direction="up",
+                            rationale=f"exploration: {target}, graded move",
+                        ),
+                    )
+                )
+    return sorted(out, key=lambda iv: intervention_key(iv) in tried)
 
 
 def _ladder(k, v: float, up: bool | None) -> list[Any]:

@@ -15,7 +15,7 @@ from evotrainer.harness.harness import Harness
 from evotrainer.harness.interventions import Hypothesis, Intervention, knob_value
 from evotrainer.harness.knobs import knob
 from evotrainer.harness.remedies import ACC
-from evotrainer.proposers.proposer import PastTrial, intervention_key
+from evotrainer.proposers.proposer import PastTrial, intervention_key, rejected_under
 
 # Each rung's factor, coarse to fine. A decade is the usual first step of a learning-rate sweep; knobs with
 # a narrow useful range (temperature, clip ranges) move by smaller factors.
@@ -92,9 +92,7 @@ def explore(h: Harness, findings: list[Finding], history: Sequence[PastTrial] = 
     when a finding says training is unstable, up otherwise. A move rejected under this harness goes after every
     move not yet tried: its rejection expires (proposer.standing) once the mainline has moved on, but an untried
     move says more (on SWE a learning rate x10 that collapsed the policy came back each time it expired)."""
-    tried = {
-        intervention_key(t.intervention) for t in history if t.decision == "reject" and t.harness in ("", h.version)
-    }
+    tried = {intervention_key(t.intervention) for t in history if rejected_under(t, h)}
     unstable = any(f.name in _UNSTABLE for f in findings)
     ladders = [(t, moves(h, t, (not unstable) if t == "optimizer.learning_rate" else None)) for t in _EXPLORE]
     out = []

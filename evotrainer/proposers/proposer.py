@@ -131,14 +131,15 @@ class Refusal:
     reason: str
 
 
+def rejected_under(t: PastTrial, h: Harness) -> bool:
+    """Whether t was rejected while the mainline ran harness h (a trial recorded without one counts)."""
+    return t.decision == "reject" and (not t.harness or t.harness == h.version)
+
+
 def standing(t: PastTrial, brief: Brief) -> bool:
     """Whether a past rejection still blocks its intervention: it expires once the mainline has moved on,
     by a promotion (another harness) or by brief.expiry steps; the skill library keeps it as evidence."""
-    return (
-        t.decision == "reject"
-        and (not t.harness or t.harness == brief.harness.version)
-        and (not brief.expiry or brief.step - t.step < brief.expiry)
-    )
+    return rejected_under(t, brief.harness) and (not brief.expiry or brief.step - t.step < brief.expiry)
 
 
 # An exploratory move answers no finding, so the findings of the round that rejected it say nothing about where it

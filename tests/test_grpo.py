@@ -360,3 +360,22 @@ def test_a_bfloat16_sampler_follows_the_trained_weights_its_mismatch_measured_an
         next(p for p in low.model.parameters() if p.requires_grad).mul_(1.0)  # an in-place write, as a step's
         low.sample(contexts, max_new_tokens=2, fast=True)
     assert not bool((first == 7.0).all()), "the copy did not follow an in-place update"
+
+
+def test_the_clip_ranges_act_only_with_more_than_one_pass_over_a_batch(math_setup, tmp_path):
+    """harness/inert.py refuses a clip-range change at loss.num_iterations 1 on this claim: with one pass the ratio
+    is exactly 1 and the weights come out bit-equal; with two passes the same change trains other weights."""
+    cfg, domain, base = math_setup
+    eps, rewards = _batch(math_setup)
+    adv = _adv(rewards)
+    weights = {}
+    for passes in (1, 2):
+        for clip in ({}, {"epsilon": 0.02, "epsilon_high": 0.03}):
+            policy = base.fork(tmp_path / f"p{passes}-{len(clip)}")
+            h = Harness(loss={"num_iterations": passes, **clip}, optimizer={"learning_rate": 1e-2})
+            GRPOTrainer(policy, h).update(eps, adv, [True] * len(eps))
+            weights[passes, bool(clip)] = [p.detach().clone() for p in policy.model.parameters()]
+    before = list(base.model.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(weights[1, False], before)), "one pass must train"
+    assert all(torch.equal(a, b) for a, b in zip(weights[1, False], weights[1, True]))
+    assert any(not torch.equal(a, b) for a, b in zip(weights[2, False], weights[2, True]))

@@ -197,14 +197,17 @@ def test_multi_factor_out_of_range_and_evaluator_targets_are_refused_with_reason
         iv("eval.heldout_size", 1),
         iv("gate.level", 0.51),
         iv("suite_version", "s-0"),
-        {**iv("loss.epsilon", 0.3), "bound": True},
+        {**iv("loss.entropy_coef", 0.01), "bound": True},
+        iv("loss.epsilon", 0.3),  # one pass over each batch: the clip range cannot act (harness/inert.py)
     ]
-    fake = FakeLLM([json.dumps({"interventions": bad}), json.dumps({"interventions": [iv("loss.epsilon", 0.3)]})])
+    fake = FakeLLM(
+        [json.dumps({"interventions": bad}), json.dumps({"interventions": [iv("loss.entropy_coef", 0.01)]})]
+    )
     try:
         out = _proposer(cfg, fake, tmp_path).propose(_brief(cfg, run_dir, limit=1)).proposals
     finally:
         fake.close()
-    assert [(p.intervention.target, p.intervention.value) for p in out] == [("loss.epsilon", 0.3)]
+    assert [(p.intervention.target, p.intervention.value) for p in out] == [("loss.entropy_coef", 0.01)]
     said = fake.requests[1]["messages"][-1]["content"]
     for reason in (
         "out of range",
@@ -213,6 +216,7 @@ def test_multi_factor_out_of_range_and_evaluator_targets_are_refused_with_reason
         "unknown knob 'gate.level'",
         "set_knob cannot target suite_version",
         "unknown field(s) ['bound']",
+        "inert: loss.epsilon acts only through the importance ratio",
     ):
         assert reason in said, reason
 

@@ -320,3 +320,64 @@ def test_an_expired_exploratory_rejection_comes_back_only_after_every_untried_mo
     tried = [replace(past[0], intervention=iv.bind(H)) for iv in explore(H, [])]
     last = HeuristicProposer().propose(brief([], tried, step=100, limit=1)).proposals[0].intervention
     assert (last.target, last.value) == ("optimizer.learning_rate", 1e-3)
+
+
+def test_a_clip_range_move_is_refused_as_inert_until_a_batch_is_trained_more_than_once():
+    """At loss.num_iterations 1 a clip-range change trains the same weights as its control (tests/test_grpo.py), so
+    a trial of it would race two copies: refused whoever proposed it, the reason naming the knob that makes it act.
+    The proposer explores the second pass instead, after which the clip-higher move is raced."""
+    clip = Intervention(
+        kind="set_knob",
+        target="loss.epsilon_high",
+        value=0.28,
+        hypothesis=Hypothesis(finding="entropy_collapse", signal="entropy", direction="up"),
+    )
+    kept, refused = screen([Proposal(clip, "llm")], brief([]))
+    assert not kept and "inert" in refused[0].reason and "loss.num_iterations" in refused[0].reason
+    two = Harness(optimizer={"learning_rate": 1e-4}, loss={"num_iterations": 2})
+    assert screen([Proposal(clip, "llm")], brief([], h=two))[0]
+    # The catalog's clip-higher remedy for a collapse gives way to its next one, the temperature.
+    f = [finding("entropy_collapse", ("loss.entropy_coef", "loss.epsilon_high", "sampling.temperature"))]
+    past = [rejected("loss.entropy_coef", 0.001, ("entropy_collapse",))]
+    out = HeuristicProposer().propose(brief(f, past, limit=1)).proposals
+    assert [p.intervention.target for p in out] == ["sampling.temperature"]
+    # Exploration: every move the proposer offers at one pass can act; the second pass is among the first rung.
+    offered = HeuristicProposer().propose(brief([], limit=8))
+    targets = [p.intervention.target for p in offered.proposals + offered.spares]
+    assert "loss.num_iterations" in targets[:3] and not {"loss.epsilon", "loss.epsilon_high"} & set(targets)
+    offered = HeuristicProposer().propose(brief([], h=two, limit=8))
+    assert "loss.epsilon_high" in [p.intervention.target for p in offered.proposals + offered.spares]
+
+
+def test_a_remedy_rejected_for_a_finding_is_not_raced_again_for_it_when_the_signature_changes():
+    """600k seed 3 raced plateau's temperature 1.3 in four rounds running, level each time: each round's signature
+    had changed around the same finding. The rejection blocks the remedy wherever the same finding motivates it; a
+    remedy another finding motivates is new evidence, and an exploit's remedy comes back under a new signature (the
+    reward pays the exploit while it stands). The rejection still expires."""
+
+    def remedy(name: str, target: str, value) -> Intervention:
+        hyp = Hypothesis(finding=name, signal="x", direction="up")
+        return Intervention(kind="set_knob", target=target, value=value, hypothesis=hyp).bind(H)
+
+    plateau = remedy("plateau", "sampling.temperature", 1.3)
+    past = [PastTrial(1, plateau, ("plateau",), "reject", (), 0.0, harness=H.version, step=40)]
+    moved = brief([finding("plateau", ()), finding("truncation", ())], past)  # another signature, same finding
+    kept, refused = screen([Proposal(plateau, "catalog")], moved)
+    assert not kept and "as a remedy of plateau" in refused[0].reason
+    collapse = remedy("entropy_collapse", "sampling.temperature", 1.3)
+    assert screen([Proposal(collapse, "catalog")], moved)[0]
+    assert screen([Proposal(plateau, "catalog")], replace(moved, step=101))[0]  # 61 steps later: expired
+    hack = Finding(
+        name="test_tampering",
+        severity="critical",
+        value=1,
+        threshold=0,
+        evidence=(),
+        knobs=(),
+        message="",
+        validity=True,
+    )
+    exploit = remedy("test_tampering", "multi_turn.tool_error", "end")
+    was = [PastTrial(1, exploit, ("test_tampering",), "reject", (), 0.0, harness=H.version, step=40)]
+    assert not screen([Proposal(exploit, "catalog")], brief([hack], was))[0]  # the same signature: blocked
+    assert screen([Proposal(exploit, "catalog")], brief([hack, finding("plateau", ())], was))[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import replace
 
 import pytest
 from rich.console import Console
@@ -177,17 +178,23 @@ def test_heuristic_proposes_skills_first_then_remedies_and_never_repeats_a_rejec
     assert len(out) == 3 and len({intervention_key(p.intervention) for p in out}) == 3
     for p in out:  # every proposal is one change that applies
         assert len(diff(h, p.intervention.apply(h))) == 1 and p.intervention.bound
-    # A rejection under the same signature is not proposed again; under another signature it may be.
+    # A rejection under the same signature is not proposed again, nor for the same finding under another; where
+    # another finding motivated it, this one may.
     rejected = out[1].intervention
     past = [PastTrial(1, rejected, ("plateau",), "reject", ("no_supported_gain",), -0.01)]
     again = HeuristicProposer().propose(Brief(**{**brief.__dict__, "history": past})).proposals
     assert intervention_key(rejected) not in {intervention_key(p.intervention) for p in again}
-    other = (
-        HeuristicProposer()
-        .propose(Brief(**{**brief.__dict__, "history": [PastTrial(1, rejected, ("truncation",), "reject", (), None)]}))
-        .proposals
-    )
-    assert intervention_key(rejected) in {intervention_key(p.intervention) for p in other}
+
+    def proposed_after(iv: Intervention) -> set[str]:
+        history = [PastTrial(1, iv, ("truncation",), "reject", (), None)]
+        return {
+            intervention_key(p.intervention)
+            for p in HeuristicProposer().propose(replace(brief, history=history)).proposals
+        }
+
+    assert intervention_key(rejected) not in proposed_after(rejected)
+    elsewhere = rejected.hypothesis.model_copy(update={"finding": "truncation"})
+    assert intervention_key(rejected) in proposed_after(rejected.model_copy(update={"hypothesis": elsewhere}))
 
 
 def test_exploration_keeps_a_share_of_untried_knobs():

@@ -26,6 +26,7 @@ RUNGS: dict[str, tuple[float, ...]] = {
     "sampling.top_p": (1.1,),
     "loss.epsilon": (1.5, 1.25),
     "loss.epsilon_high": (1.5, 1.25),
+    "loss.num_iterations": (2.0,),  # a second pass over each batch first; 3 passes from 1 is a bigger jump
 }
 DEFAULT_RUNGS = (3.0, 1.5)
 # Numeric knobs that are off at 0: their first values to try (multiplying 0 goes nowhere).
@@ -76,9 +77,13 @@ def moves(h: Harness, path: str, up: bool | None = None) -> list[Any]:
 # the search spreads before it refines. num_generations and dynamic sampling are not here: they change
 # the compute per step, which a trial at equal steps would not charge fairly (they remedy dead groups);
 # nor warm-up and decay, which act at the start of a run and over its length, not in a 20-step trial.
+# num_iterations is: a second pass over each batch costs training seconds but no generated token, which is what
+# a token budget and a trial at equal tokens count. The clip ranges act only once it is above 1 (harness/inert.py):
+# before, the screen refuses their moves and the next knob's come up.
 _EXPLORE = (
     "optimizer.learning_rate",
     "sampling.temperature",
+    "loss.num_iterations",
     "loss.epsilon_high",
     "loss.entropy_coef",
     "loss.scale_rewards",

@@ -381,3 +381,9 @@ def test_a_remedy_rejected_for_a_finding_is_not_raced_again_for_it_when_the_sign
     was = [PastTrial(1, exploit, ("test_tampering",), "reject", (), 0.0, harness=H.version, step=40)]
     assert not screen([Proposal(exploit, "catalog")], brief([hack], was))[0]  # the same signature: blocked
     assert screen([Proposal(exploit, "catalog")], brief([hack, finding("plateau", ())], was))[0]
+
+
+def test_unscaled_advantages_are_the_first_scaling_explored():
+    """Dr. GRPO's `none` before `batch`, whatever the registry's order; the choice in force is never a move."""
+    assert moves(Harness(), "loss.scale_rewards") == ["none", "batch"]
+    assert moves(Harness(loss={"scale_rewards": "none"}), "loss.scale_rewards") == ["group", "batch"]

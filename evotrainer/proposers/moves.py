@@ -51,6 +51,9 @@ SWITCH_ON: dict[str, Any] = {
     "loss.epsilon_high": 0.28,
     "loss.tis_cap": 2.0,  # the cap most TIS recipes start from (verl's rollout_is_threshold default)
 }
+# Choices tried in this order (the rest after, in the registry's): Dr. GRPO's unscaled advantages first, since
+# dividing by the group's std weights groups by how sure the policy already is (Liu et al., 2025).
+PREFERRED: dict[str, tuple[Any, ...]] = {"loss.scale_rewards": ("none",)}
 NOT_MOVED = frozenset({"suite_version", "reward_weights.*"})
 
 
@@ -64,7 +67,8 @@ def moves(h: Harness, path: str, up: bool | None = None) -> list[Any]:
     if isinstance(v, bool):
         return [not v]
     if k.choices and not isinstance(v, tuple):
-        return [c for c in k.choices if c != v]
+        first = PREFERRED.get(path, ())
+        return sorted((c for c in k.choices if c != v), key=lambda c: first.index(c) if c in first else len(first))
     if isinstance(v, tuple) or v is None:
         return _tuple_moves(path, v)
     if not v:
@@ -84,9 +88,9 @@ _EXPLORE = (
     "optimizer.learning_rate",
     "sampling.temperature",
     "loss.num_iterations",
+    "loss.scale_rewards",
     "loss.epsilon_high",
     "loss.entropy_coef",
-    "loss.scale_rewards",
     "loss.epsilon",
 )
 _UNSTABLE = {"kl_spike", "entropy_explosion", "nonfinite", "length_blowup", "repetition"}

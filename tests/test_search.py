@@ -350,9 +350,9 @@ def test_a_clip_range_move_is_refused_as_inert_until_a_batch_is_trained_more_tha
 
 
 def test_a_remedy_rejected_for_a_finding_is_not_raced_again_for_it_when_the_signature_changes():
-    """600k seed 3 raced plateau's temperature 1.3 in four rounds running, level each time: each round's signature
-    had changed around the same finding. The rejection blocks the remedy wherever the same finding motivates it; a
-    remedy another finding motivates is new evidence, and an exploit's remedy comes back under a new signature (the
+    """A signature that changed around the finding (a finding that came or went beside it) is no new evidence for
+    its remedy: the rejection blocks the remedy wherever the same finding motivates it; a remedy another finding
+    motivates is new evidence, and an exploit's remedy comes back under a new signature (the
     reward pays the exploit while it stands). The rejection still expires."""
 
     def remedy(name: str, target: str, value) -> Intervention:

@@ -147,8 +147,8 @@ def standing(t: PastTrial, brief: Brief) -> bool:
 # could win: its rejection blocks it (or a pair built from it, which keeps its hypothesis) as an exploratory move
 # again under any signature, or it would come back each time the findings change. A remedy that a finding
 # motivates is blocked where that same finding motivates it again, under any signature: a signature that changed
-# around the finding is no new evidence for it (600k seed 3 raced plateau's temperature 1.3 four rounds running,
-# level each time). Another finding that motivates it is new evidence. An exploit's remedy is blocked only under
+# around the finding (a finding that came or went beside it) is no new evidence for it, as it is none for an
+# exploratory move. Another finding that motivates it is new evidence. An exploit's remedy is blocked only under
 # the signature it was rejected under: while the exploit stands the reward pays for it, and the remedy is worth
 # trying again when anything changes.
 def _exploratory(iv: Intervention) -> bool:

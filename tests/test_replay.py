@@ -173,3 +173,17 @@ def test_std_filter_replays_step_by_step(run):
     median = np.quantile(scored.group_std[first][one], 0.5)
     assert (scored.keep[first] == (scored.group_std[first] >= max(median, 1e-6))).all()
     assert not scored.keep[scored.group_std < 1e-6].any()
+
+
+def test_an_advantage_scaling_change_reweights_groups_and_reaches_its_trial(run):
+    """Unscaled advantages (Dr. GRPO) flip no sign and drop no rollout, but a group's weight no longer depends on
+    its reward spread: the replay measures that shift and keeps the change for a trial (the README main job's replay
+    had dropped it as a no-op, so the loop could never race the reference's scaling)."""
+    cfg, run_dir = run
+    cols = load_columns(RolloutStore(run_dir / "store"), ["correct", "format"])
+    iv = Intervention(kind="set_knob", target="loss.scale_rewards", value="none", hypothesis=HYP).bind(cfg.harness)
+    rep = replay(cfg.harness, iv, cols)
+    assert rep.frac_advantage_sign_flipped == 0 and rep.effective_samples_after == rep.effective_samples_before
+    stds = {round(float(np.std(cols.reward[cols.group == g])), 6) for g in np.unique(cols.group)} - {0.0}
+    assert len(stds) > 1, "the plant needs groups of different spread"
+    assert rep.advantage_weight_shift > 0.01 and rep.has_effect

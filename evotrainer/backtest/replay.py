@@ -87,6 +87,8 @@ def rescore(h: Harness, c: Columns) -> Scored:
 # float rewards (0.1 + 0.2 ...) lands a few ulps off a member's value, and which side of it a member falls
 # then depends on the order the CPU's kernels summed in, not on the harness.
 TIE = 1e-9
+# A shift of advantage weight below this is float noise (sums of a few thousand shares), not a reweighting.
+WEIGHT_SHIFT = 1e-6
 
 
 def advantage_side(s: Scored, group: np.ndarray) -> np.ndarray:
@@ -133,6 +135,11 @@ class ReplayReport:
     flagged_weight_after: float
     recorded_reward_mismatch: float
     seconds: float
+    # How far the advantage weight moves between rollouts: half the L1 distance between each rollout's share of the
+    # batch's total |advantage|, before and after. A scaling change (scale_rewards) flips no sign and drops no
+    # rollout, but reweights groups by how spread their rewards are; without this the replay dropped it as a no-op.
+    # 0.0 in records written before it.
+    advantage_weight_shift: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -143,6 +150,7 @@ class ReplayReport:
             self.frac_advantage_sign_flipped > 0
             or self.effective_samples_after != self.effective_samples_before
             or self.flagged_weight_after != self.flagged_weight_before
+            or self.advantage_weight_shift > WEIGHT_SHIFT
         )
 
 
@@ -198,4 +206,14 @@ def replay(
         flagged_weight_after=weight(b),
         recorded_reward_mismatch=float(np.abs(a.total - c.reward).max()) if len(c) else 0.0,
         seconds=time.perf_counter() - t0,
+        advantage_weight_shift=_weight_shift(a.adv, b.adv),
     )
+
+
+def _weight_shift(a: np.ndarray, b: np.ndarray) -> float:
+    """Half the L1 distance between the two advantage-weight distributions (each rollout's |advantage| over the
+    total); 0 where either trains nothing (the informative counts say that change)."""
+    ta, tb = np.abs(a).sum(), np.abs(b).sum()
+    if ta == 0 or tb == 0:
+        return 0.0
+    return float(0.5 * np.abs(np.abs(a) / ta - np.abs(b) / tb).sum())

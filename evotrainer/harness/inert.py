@@ -1,6 +1,6 @@
 """Changes that cannot change training. A trial of one spends five arms to learn nothing: its candidate and control
 train the same weights, and the race reads them level on every gate task (600k seed 5 raced the reference's
-clip-higher so, and the README main job raced the clip range twice). The screen (proposers/proposer.py) refuses
+clip-higher so, and the README main job raced clip ranges three times). The screen (proposers/proposer.py) refuses
 them, whoever proposed, and says which knob would make them act.
 
 The clip ranges act only through the importance ratio between the policy being updated and the policy that sampled.
@@ -12,6 +12,7 @@ has the same value and gradient for every clip range (tests/test_grpo.py checks 
 from __future__ import annotations
 
 from evotrainer.harness.harness import Harness, Loss
+from evotrainer.harness.interventions import knob_value
 
 RATIO_ONLY = ("loss.epsilon", "loss.epsilon_high")
 """Knobs that act only through the importance ratio, hence only at loss.num_iterations above 1."""
@@ -31,7 +32,7 @@ def inert(old: Harness, new: Harness) -> str | None:
     can."""
     if new.canonical() == old.canonical() or _acting(new) != _acting(old):
         return None
-    moved = [k for k in RATIO_ONLY if getattr(old.loss, k[5:]) != getattr(new.loss, k[5:])]
+    moved = [k for k in RATIO_ONLY if knob_value(old, k) != knob_value(new, k)]
     return (
         f"inert: {' and '.join(moved)} acts only through the importance ratio, which is exactly 1 with one optimizer "
         "pass over each batch (loss.num_iterations 1): no token is clipped, and candidate and control would train "

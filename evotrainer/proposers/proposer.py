@@ -165,7 +165,6 @@ def screen(proposals: list[Proposal], brief: Brief) -> tuple[list[Proposal], lis
     seen: set[str] = set()
     blocking = [t for t in brief.history if standing(t, brief)]
     rejected = {(intervention_key(t.intervention), t.signature) for t in blocking}
-    explored = {intervention_key(t.intervention) for t in blocking if _exploratory(t.intervention)}
     exploits = {f.name for f in brief.findings if f.validity}
     motivated = {(intervention_key(t.intervention), t.intervention.hypothesis.finding) for t in blocking}
     for p in proposals:
@@ -184,10 +183,9 @@ def screen(proposals: list[Proposal], brief: Brief) -> tuple[list[Proposal], lis
             refused.append(
                 Refusal(p, f"already rejected on this run under the same signature {list(brief.signature)}")
             )
-        elif key in explored and _exploratory(p.intervention):
-            refused.append(Refusal(p, "already rejected on this run as an exploratory move (under any signature)"))
         elif (key, finding) in motivated and finding not in exploits:
-            refused.append(Refusal(p, f"already rejected on this run as a remedy of {finding} (under any signature)"))
+            kind = "an exploratory move" if _exploratory(p.intervention) else f"a remedy of {finding}"
+            refused.append(Refusal(p, f"already rejected on this run as {kind} (under any signature)"))
         else:
             seen.add(key)
             kept.append(Proposal(bound, p.source, p.skill_id, p.note))

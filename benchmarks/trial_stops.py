@@ -1,7 +1,9 @@
-"""Why a run's trials ended as they did, read from the ledgers of finished loop runs: each trial's change, decision,
-reasons, the gate tasks its candidate won and lost against the control, and where the race stopped it. Counts the
-candidates stopped at the race's first checkpoint (`backtest.gate.futile`: not strictly ahead there) and, of those,
-the ones that were level with the control on every gate task, so no read yet told them apart.
+"""Why a run's trials ended as they did, read from the ledgers of finished loop runs: each trial's change (a pair's
+both), decision, reasons, the gate tasks its candidate won and lost against the control, where the race stopped it,
+and, where the gate's test decided, its p against the round's level. Counts the candidates stopped at the race's
+first checkpoint (`backtest.gate.futile`: not strictly ahead there) and, of those, the ones that were level with the
+control on every gate task, so no read yet told them apart; and the candidates ahead of the control whose p fell
+short of their round's share of the run's error rate (the gate's power, not its candidates, bound there).
 
     python -m benchmarks.trial_stops --out benchmarks/results/NAME.json RUN_DIR [RUN_DIR ...]
 
@@ -34,15 +36,22 @@ def trials(run: Path) -> list[dict]:
             {
                 "trial": v["trial"],
                 "round": v["round"],
-                "change": f"{iv['kind']} {iv['target']} -> {iv.get('value')}",
+                "change": " + ".join(_change(i) for i in (iv, iv.get("paired")) if i),
                 "decision": v["decision"],
                 "reasons": v["reasons"],
                 "wins": st.get("wins"),
                 "losses": st.get("losses"),
                 "stopped": st.get("stopped") or "",
+                "delta": st.get("delta"),
+                "p": st.get("p"),  # the gate's test, where it decided (a race stopped early has none)
+                "alpha": None if st.get("p") is None or "level" not in st else round(1 - st["level"], 9),
             }
         )
     return out
+
+
+def _change(iv: dict) -> str:
+    return f"{iv['kind']} {iv['target']} -> {iv.get('value')}"
 
 
 def summary(records: list[dict]) -> dict:
@@ -51,6 +60,10 @@ def summary(records: list[dict]) -> dict:
         "trials": len(records),
         "stopped_at_first_checkpoint": len(first),
         "level_on_every_gate_task": sum(1 for r in first if r["wins"] == r["losses"] == 0),
+        "tested_by_the_gate": sum(1 for r in records if r["alpha"] is not None),
+        "ahead_short_of_the_level": sum(
+            1 for r in records if r["alpha"] is not None and r["delta"] > 0 and r["p"] > r["alpha"]
+        ),
     }
 
 

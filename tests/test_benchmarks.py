@@ -219,3 +219,60 @@ def test_the_robustness_grid_grows_over_sittings_with_each_cell_s_kernel_set_and
     assert kept == [{"ATEN_CPU_CAPABILITY": "native", "commit": "9441629", "date": "2026-11-23", **cells[0]}]
     # A cell on another kernel set is another cell: both earlier ones stay.
     assert len(_earlier_cells(out, {(0, 2, "default")})) == 2
+
+
+def test_trial_stops_says_which_candidates_were_ahead_and_short_of_their_rounds_level(tmp_path):
+    """Planted verdicts in a real ledger: a race stopped early (no gate test), a candidate ahead whose p is short
+    of its round's level, a pair the gate passed. Only the second counts as ahead and short; the pair shows both
+    of its changes."""
+    from benchmarks.trial_stops import main as trial_stops
+    from evotrainer.store.ledger import Ledger
+
+    def iv(target, value, paired=None):
+        hyp = {"finding": "explore", "signal": "heldout/accuracy", "direction": "up"}
+        return {
+            "kind": "set_knob",
+            "target": target,
+            "value": value,
+            "hypothesis": hyp,
+            **({"paired": paired} if paired else {}),
+        }
+
+    trials = [
+        ("r01-t1", iv("sampling.temperature", 1.3), {"test": "race", "wins": 0, "losses": 0, "delta": 0.0,
+         "level": 0.9875, "stopped": "stopped at step 3: not ahead of the control at the first checkpoint"}, "reject"),
+        ("r01-t2", iv("optimizer.learning_rate", 1e-4), {"test": "two_stage", "delta": 0.04, "p": 0.04,
+         "level": 0.9875}, "reject"),
+        ("r02-t1", iv("optimizer.learning_rate", 1e-4, iv("sampling.temperature", 1.3)), {"test": "two_stage",
+         "delta": 0.05, "p": 0.001, "level": 0.9958}, "promote"),
+    ]  # fmt: skip
+    run = tmp_path / "run"
+    run.mkdir()
+    ledger = Ledger(run / "ledger.sqlite")
+    for t, change, st, decision in trials:
+        rnd = int(t[1:3])
+        ledger.finish_stage(
+            rnd,
+            f"decide-{t}",
+            {},
+            trials=[{"id": t, "round": rnd, "candidate": f"{t}-c", "control": f"{t}-ctl", "intervention": change,
+                     "source": "explore", "skill_id": None, "signature": [], "replay": None}],
+            verdicts=[{"trial": t, "round": rnd, "decision": decision, "reasons": [], "statistic": st, "noise": {},
+                       "findings": [], "budget": {}, "evaluator_hash": "e-0"}],
+        )  # fmt: skip
+    ledger.close()
+    trial_stops(["--out", str(tmp_path / "stops.json"), str(run)])
+    out = json.loads((tmp_path / "stops.json").read_text())
+    assert out["all"] == {
+        "trials": 3,
+        "stopped_at_first_checkpoint": 1,
+        "level_on_every_gate_task": 1,
+        "tested_by_the_gate": 2,
+        "ahead_short_of_the_level": 1,
+    }
+    records = {r["trial"]: r for r in out["runs"]["run"]["trials"]}
+    assert records["r01-t1"]["p"] is None and records["r01-t1"]["alpha"] is None
+    assert records["r01-t2"]["p"] == 0.04 and records["r01-t2"]["alpha"] == pytest.approx(0.0125)
+    assert records["r02-t1"]["change"] == (
+        "set_knob optimizer.learning_rate -> 0.0001 + set_knob sampling.temperature -> 1.3"
+    )

@@ -145,6 +145,14 @@ def test_the_trial_stops_benchmark_reads_each_verdict_of_a_finished_run(loop_run
     assert out["all"]["trials"] == len(verdicts) and out["all"]["stopped_at_first_checkpoint"] == len(first)
     level = [v for v in first if v["statistic"]["wins"] == v["statistic"]["losses"] == 0]
     assert out["all"]["level_on_every_gate_task"] == len(level)
+    tested = [v["statistic"] for v in verdicts if v["statistic"].get("p") is not None]  # test_benchmarks plants some
+    for v in verdicts:
+        st, r = v["statistic"], records[v["trial"]]
+        assert r["p"] == st.get("p") and (r["alpha"] is None) == (st.get("p") is None)
+        if r["alpha"] is not None:
+            assert abs(r["alpha"] - (1 - st["level"])) < 1e-9
+    short = [s for s in tested if s["delta"] > 0 and s["p"] > 1 - s["level"]]
+    assert out["all"]["tested_by_the_gate"] == len(tested) and out["all"]["ahead_short_of_the_level"] == len(short)
 
 
 def test_every_store_file_and_rollout_is_named_by_the_id_scheme(loop_run):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from benchmarks.manifest import write_result
 from evotrainer.backtest.gate import FIRST_CHECKPOINT
+from evotrainer.harness.interventions import Intervention
 from evotrainer.store.ledger import Ledger
 
 
@@ -36,7 +37,7 @@ def trials(run: Path) -> list[dict]:
             {
                 "trial": v["trial"],
                 "round": v["round"],
-                "change": " + ".join(_change(i) for i in (iv, iv.get("paired")) if i),
+                "change": Intervention.model_validate(iv).describe(),  # a pair's both changes
                 "decision": v["decision"],
                 "reasons": v["reasons"],
                 "wins": st.get("wins"),
@@ -48,10 +49,6 @@ def trials(run: Path) -> list[dict]:
             }
         )
     return out
-
-
-def _change(iv: dict) -> str:
-    return f"{iv['kind']} {iv['target']} -> {iv.get('value')}"
 
 
 def summary(records: list[dict]) -> dict:

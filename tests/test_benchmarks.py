@@ -273,6 +273,6 @@ def test_trial_stops_says_which_candidates_were_ahead_and_short_of_their_rounds_
     records = {r["trial"]: r for r in out["runs"]["run"]["trials"]}
     assert records["r01-t1"]["p"] is None and records["r01-t1"]["alpha"] is None
     assert records["r01-t2"]["p"] == 0.04 and records["r01-t2"]["alpha"] == pytest.approx(0.0125)
-    assert records["r02-t1"]["change"] == (
-        "set_knob optimizer.learning_rate -> 0.0001 + set_knob sampling.temperature -> 1.3"
+    assert (
+        records["r02-t1"]["change"] == "set_knob optimizer.learning_rate: 0.0001 + set_knob sampling.temperature: 1.3"
     )

@@ -7,14 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (
-    Field,
-    PlainValidator,
-    SerializeAsAny,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, PlainValidator, SerializeAsAny, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from evotrainer.envs import domains
@@ -340,6 +333,9 @@ class GateSection(Section):
     final_fraction: float = Field(0.5, gt=0.0, lt=1.0)
     """Share of the held-out tasks kept out of every gate decision and read only at the start and at
     the end, so the final accuracy is not inflated by selection on the same tasks."""
+    checkpoint_tasks: int = Field(0, ge=0)
+    """The first this many gate tasks are what the race's checkpoints, an arm's fork point and the guard read; an arm
+    that runs its length reads them all, for the gate's test (0: every read reads all; examples/math.yaml)."""
 
     @field_validator("statistic", mode="before")
     @classmethod

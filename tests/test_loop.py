@@ -719,3 +719,33 @@ def test_beside_a_tainted_segment_the_control_first_reads_the_policy_the_round_s
     [verdict] = ledger.verdicts()
     if verdict["statistic"]["test"] == "two_stage" and read_stage(ledger, 1, "gate").control_rejected:
         assert verdict["statistic"]["against"].startswith("the round's starting policy")
+
+
+def test_with_checkpoint_tasks_a_loop_reads_a_prefix_at_checkpoints_and_all_gate_tasks_to_decide(tmp_path, math_setup):
+    """gate.checkpoint_tasks through whole rounds: every read at a race's checkpoint or an arm's fork point, every
+    read that stopped an arm, the guard's own reads and the base's first read are of the first 10 gate tasks; an arm
+    that ran its length was read on all 30, and the verdicts' tests pair those."""
+    cfg = loop_config(tmp_path, gate={"checkpoint_tasks": 10}, loop={"race_checkpoints": 3})
+    run_loop(cfg, quiet())
+    ledger = Ledger(tmp_path / "runs" / "t" / "ledger.sqlite")
+    gate_ids, _ = split_heldout([t.id for t in make_domain(cfg).tasks("heldout")], cfg.gate.final_fraction, 0)
+    prefix, every = sorted(gate_ids[:10]), sorted(gate_ids)
+    arms = [a for r in (1, 2) if (t := read_stage(ledger, r, "trial")) is not None for a in t.arms]
+    assert arms and any(a.checkpoint_outcomes for a in arms)
+    for a in arms:
+        assert all(sorted(o) == prefix for o in a.checkpoint_outcomes.values()), a.branch
+        assert sorted(a.outcomes) == (prefix if a.stopped else every), a.branch
+    reads = [g.outcomes for r in (1, 2) if (g := read_stage(ledger, r, "guard")) is not None and g.outcomes]
+    assert all(sorted(o) in (prefix, every) for o in reads)
+    for v in ledger.verdicts():
+        if v["statistic"].get("test") == "two_stage":
+            assert v["statistic"]["stage1"]["n"] == 30
+    assert sorted(read_stage(ledger, 0, "start").head.peak.outcomes) == prefix
+    # Where no arm read the head (every trial abandoned for the budget), the guard reads it itself: the prefix.
+    cfg = loop_config(
+        tmp_path / "b", gate={"checkpoint_tasks": 10}, loop={"max_rounds": 0}, budget={"generated_tokens": 2500}
+    )
+    run_loop(cfg, quiet())
+    ledger = Ledger(tmp_path / "b" / "runs" / "t" / "ledger.sqlite")
+    own = [g.outcomes for r in range(1, 9) if (g := read_stage(ledger, r, "guard")) is not None and g.outcomes]
+    assert own and all(sorted(o) == prefix for o in own)

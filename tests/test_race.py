@@ -15,6 +15,7 @@ from evotrainer.backtest.statistics import Pair
 from evotrainer.backtest.trial import ArmResult, ArmSpec, run_arm
 from evotrainer.diagnostics.detector import Finding, Window, finding
 from evotrainer.diagnostics.suite import DetectorSpec, Suite
+from evotrainer.errors import ConfigError
 from evotrainer.harness.harness import Harness
 from evotrainer.loop import run_loop
 from evotrainer.stages import race
@@ -292,9 +293,10 @@ def test_a_rollback_trains_the_next_round_on_other_seeds():
     assert again.at("r02-ctl", "d", 40).attempt == 0  # moving on is a fresh start
 
 
-def _a_raced_round(tmp_path, detectors: dict | None = None):
+def _a_raced_round(tmp_path, detectors: dict | None = None, gate: dict | None = None):
     """The run, its start and one round's survivor for the whole-trial tests below (see the first's docstring):
-    (ctx, head, seg, survivors, cfg). `detectors`: planted ones added to the round's suite."""
+    (ctx, head, seg, survivors, cfg). `detectors`: planted ones added to the round's suite; `gate`: settings of the
+    gate section besides its level."""
     from evotrainer.backtest.trial import ArmResult
     from evotrainer.harness.interventions import Hypothesis, Intervention
     from evotrainer.proposers.proposer import Proposal
@@ -313,7 +315,7 @@ def _a_raced_round(tmp_path, detectors: dict | None = None):
         # ahead of a wrecked control then). The dataset has no more distinct questions for a larger gate, so the
         # run's error rate is 0.2: its first raced round then tests at 0.05, the per-round level this mechanism
         # was sized for (the run's default, 0.05 over the run, spends 0.0125 on it).
-        gate={"level": 0.8},
+        gate={"level": 0.8, **(gate or {})},
         run={"name": "t", "out_dir": str(tmp_path / "runs"), "seed": 0},
         # No training rollout is audited: the tiny base's reward and audit disagree on a tenth of the paid
         # answers, which the validity rules (tested in test_gate.py) would weigh against a wrecked control.
@@ -397,6 +399,49 @@ def test_a_finalist_is_confirmed_beside_a_control_replicate_and_promoted(tmp_pat
     # The mainline remembers the raced round and its promotion: the next round's share is earned back.
     assert promoted.head.raced == 1 and promoted.head.promoted_at == [1]
     ctx.ledger.close()
+
+
+def test_with_checkpoint_tasks_the_race_reads_a_prefix_and_every_decisive_read_all_the_gate_tasks(
+    tmp_path, math_setup
+):
+    """gate.checkpoint_tasks: the base's first read (the guard's first best), the control's read where the arms fork
+    and the race's checkpoint read the first 20 of the 50 gate tasks; every arm that runs its length reads all 50,
+    and the gate's two-stage test pairs those (the same round as the test above, promoted the same way)."""
+    from evotrainer.stages import decide
+    from evotrainer.stages import race as race_stage
+    from evotrainer.stages.context import run_stage
+    from evotrainer.stages.results import GateResult, TrialResult
+
+    ctx, head, seg, survivors, cfg = _a_raced_round(tmp_path, gate={"checkpoint_tasks": 20})
+    gate_ids, prefix = ctx.gate_ids, ctx.gate_ids[:20]
+    assert len(gate_ids) == 50 and ctx.check_ids == prefix
+    assert sorted(head.peak.outcomes) == sorted(prefix)
+    tried = run_stage(
+        ctx, 1, "trial", TrialResult, lambda: race_stage.trial(ctx, 1, head, seg, survivors, [], head.suite)
+    )
+    roles = {a.role: a for a in tried.arms}
+    assert set(roles) == {"control", "candidate", "replicate", "control_replicate"}
+    marks = roles["control"].checkpoint_outcomes
+    assert "0" in marks and set(marks) >= set(roles["candidate"].checkpoint_outcomes)
+    assert all(sorted(o) == sorted(prefix) for a in tried.arms for o in a.checkpoint_outcomes.values())
+    assert all(sorted(a.outcomes) == sorted(gate_ids) and not a.stopped for a in tried.arms)
+    gated = run_stage(
+        ctx, 1, "gate", GateResult, lambda: decide.gate_stage(ctx, 1, head, head.suite, tried, survivors, [])
+    )
+    [line] = gated.verdicts
+    assert line.decision == "promote", line.reasons
+    [v] = ctx.ledger.verdicts()
+    assert v["statistic"]["stage1"]["n"] == v["statistic"]["stage2"]["n"] == 50
+    ctx.ledger.close()
+
+
+def test_checkpoint_tasks_beyond_the_gate_tasks_are_refused_before_anything_is_written(tmp_path, math_setup):
+    from evotrainer.stages import start
+
+    cfg = small_config(tmp_path, eval={"heldout_size": 100}, gate={"checkpoint_tasks": 51}, loop={"max_rounds": 1})
+    with pytest.raises(ConfigError, match=r"gate.checkpoint_tasks: 51 is more than the 50 gate tasks"):
+        start.open_run(cfg, resume=False)
+    assert not (tmp_path / "runs").exists()
 
 
 def exploit_in_the_control_replicate(w: Window) -> list[Finding]:

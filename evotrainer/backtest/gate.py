@@ -370,8 +370,9 @@ def regression(head: Outcomes, start: Outcomes | None, noise: Noise, level: floa
         p=p,
         phi=noise.phi,
         level=level,
-        head_accuracy=sum(head.get(t, False) for t in start) / n,
-        start_accuracy=sum(start.values()) / n,
+        # On the tasks both read (a guard's read of gate.checkpoint_tasks against an arm's of them all).
+        head_accuracy=sum(head[t] for t in start if t in head) / n,
+        start_accuracy=sum(v for t, v in start.items() if t in head) / n,
     )
 
 
@@ -407,7 +408,7 @@ def regression_finding(
     """A head significantly below a read it is held against (`reg`: gate.regression of `head` against `start`) as a
     `heldout_regression` finding naming the learning rate; its evidence, the head's rollouts (`ids`, by task) of
     tasks the start solved and the head lost. `where` says what the start was, and what left it behind."""
-    lost = [ids[t] for t in start if start[t] and not head.get(t) and t in ids]
+    lost = [ids[t] for t in start if start[t] and t in head and not head[t] and t in ids]
     return Finding(
         name="heldout_regression",
         severity="critical",

@@ -62,6 +62,9 @@ class ArmSpec:
     tokens: int = 0
     """Generated tokens the arm trains to: it stops after the step that reaches them, `steps` being then a
     cap (loop.trial_unit tokens). 0: it trains `steps` steps."""
+    checkpoint_tasks: int = 0
+    """The first this many gate tasks are what its checkpoints read (gate.checkpoint_tasks); its read after its last
+    step, and mark 0's where it trains no step, read them all. 0: every read reads them all."""
 
     @property
     def checkpoint(self) -> str:
@@ -135,6 +138,7 @@ def _train_and_read(spec: ArmSpec, cfg: RunConfig, h: Harness, domain, log: Call
     ctx = StepContext(run=cfg.run.name, branch=spec.branch, seed=spec.seed)
     pool = domain.tasks("train")
     tasks = _gate_tasks(domain, spec.gate_ids)
+    check = tasks[: spec.checkpoint_tasks] if spec.checkpoint_tasks else tasks  # a prefix: the same rollout ids
     r = ArmResult(
         branch=spec.branch,
         role=spec.role,
@@ -151,8 +155,8 @@ def _train_and_read(spec: ArmSpec, cfg: RunConfig, h: Harness, domain, log: Call
     race_marks = [m for m in spec.checkpoints if m] or [0]  # the race's own (the first is where `futile` is strict)
     if marks and marks[0] == 0:  # mark 0: the policy the arm forks from, read before its first step
         marks.pop(0)
-        if tasks:
-            _read(r, policy, domain, tasks, cfg, h, store, ctx, spec.first_step - 1)
+        if tasks:  # an arm that trains no step has this read for its last: all the gate tasks
+            _read(r, policy, domain, check if spec.steps else tasks, cfg, h, store, ctx, spec.first_step - 1)
             r.checkpoint_outcomes["0"] = r.outcomes
 
     def after(step: int, m: dict[str, float]) -> bool:
@@ -170,7 +174,7 @@ def _train_and_read(spec: ArmSpec, cfg: RunConfig, h: Harness, domain, log: Call
         while marks and marks[0] <= at:
             passed.append(marks.pop(0))
         if passed and at < end and tasks:
-            _read(r, policy, domain, tasks, cfg, h, store, ctx, step)
+            _read(r, policy, domain, check, cfg, h, store, ctx, step)
             for mark in passed:
                 r.checkpoint_outcomes[str(mark)] = r.outcomes
                 first = mark == race_marks[0]
@@ -188,7 +192,8 @@ def _train_and_read(spec: ArmSpec, cfg: RunConfig, h: Harness, domain, log: Call
         return r
     trainer.save(spec.checkpoint)
     atomic_write_json(Path(spec.checkpoint) / PASS_RATES, pass_rates)
-    if tasks and not (r.last_step < spec.first_step and "0" in r.checkpoint_outcomes):  # no step since mark 0's read
+    no_step = r.last_step < spec.first_step and len(r.checkpoint_outcomes.get("0", {})) == len(tasks)
+    if tasks and not no_step:  # mark 0 read them all and no step since
         _read(r, policy, domain, tasks, cfg, h, store, ctx, r.last_step)
     return r
 
@@ -222,8 +227,9 @@ def spec_key(spec: ArmSpec, domain, cfg: RunConfig) -> str:
         return str(p.relative_to(spec.run_dir)) if p.is_relative_to(spec.run_dir) else str(p)
 
     fields = asdict(spec)
-    if not spec.tokens:  # a step-counted arm keeps the key it had before token targets existed: runs resume
-        del fields["tokens"]
+    for f in ("tokens", "checkpoint_tasks"):  # an arm without them keeps the key it had before they existed: runs
+        if not fields[f]:  # resume
+            del fields[f]
     body = {
         **fields,
         "run_dir": None,

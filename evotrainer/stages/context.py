@@ -46,6 +46,13 @@ class RunContext:
     tracking: Forwarder | None = None
     """The trackers of `run.report_to` (None when it names none); sent what each stage commits."""
 
+    @property
+    def check_ids(self) -> list[str]:
+        """The gate tasks the race's checkpoints, an arm's fork point and the guard read (gate.checkpoint_tasks): a
+        prefix, so that a task's place, and its rollout's id, is the same in either read."""
+        n = self.cfg.gate.checkpoint_tasks
+        return self.gate_ids[:n] if n else self.gate_ids
+
     def heldout(self, ids: list[str]) -> list[Task]:
         by_id = {t.id: t for t in self.domain.tasks("heldout")}
         return [by_id[i] for i in ids]
@@ -66,6 +73,7 @@ class RunContext:
             first_step=first,
             steps=steps,
             gate_ids=tuple(self.gate_ids) if gate else None,
+            checkpoint_tasks=len(self.check_ids) if self.check_ids != self.gate_ids else 0,
             reference=str(self.run_dir / "checkpoints" / branch_id(0, "base")),
         )
 

@@ -61,7 +61,7 @@ def gate_stage(
     join the noise bank."""
     cfg = ctx.cfg
     for a in tried.arms:
-        expect_evaluator(ctx, "gate", a.evaluator_hash, f"arm {a.branch}")
+        expect_evaluator(ctx, "checkpoint" if a.stopped else "gate", a.evaluator_hash, f"arm {a.branch}")
     memo: dict[str, gate.ArmEvidence] = {}
 
     def evidence(arm: ArmResult) -> gate.ArmEvidence:  # the suite runs over each arm's window once
@@ -299,7 +299,8 @@ def _test(
             stopped=cand.stopped,
             **pair_figures(stage1),
             # Both accuracies where the candidate stopped, like the delta.
-            control_accuracy=sum(control.checkpoint_outcomes[at].values()) / max(1, len(ctx.gate_ids)),
+            control_accuracy=sum(control.checkpoint_outcomes[at].values())
+            / max(1, len(control.checkpoint_outcomes[at])),
         ), ["stopped_early"]
     if cfg.gate.statistic != "two_stage":
         return single

@@ -18,6 +18,7 @@ than the reads' noise."""
 from __future__ import annotations
 
 from evotrainer.backtest import gate
+from evotrainer.backtest.statistics import Pair
 from evotrainer.backtest.trial import ArmResult
 from evotrainer.evaluation import evaluate, record_eval
 from evotrainer.ids import EVAL, guard_branch, rollout_id
@@ -61,7 +62,8 @@ def guard(ctx: RunContext, rnd: int, before: Mainline, after: Mainline) -> tuple
             update={"attempt": peak.attempt, "peak": peak, "carry": [fell]}
         )
         return GuardResult(head=head, accuracy=acc, outcomes=outcomes, rollback=back), records
-    if acc >= peak.accuracy:  # ties go to the later checkpoint: less to throw away going back
+    if Pair.of(outcomes, peak.outcomes).delta >= 0:  # on the tasks both read; ties go to the later checkpoint: less
+        # to throw away going back
         peak = _peak(after, outcomes, after.attempt)
     return GuardResult(head=after.model_copy(update={"peak": peak}), accuracy=acc, outcomes=outcomes), records
 
@@ -125,8 +127,8 @@ def _read(
     # few steps the budget held.
     cfg = ctx.cfg
     policy = HFPolicy.load(head.checkpoint, lora_rank=cfg.policy.lora_rank, placement=placement(cfg.policy))
-    ev = evaluate(policy, ctx.domain, ctx.heldout(ctx.gate_ids), cfg.eval)
-    expect_evaluator(ctx, "gate", ev.evaluator_hash, f"the guard's read of {head.branch}")
+    ev = evaluate(policy, ctx.domain, ctx.heldout(ctx.check_ids), cfg.eval)
+    expect_evaluator(ctx, "checkpoint", ev.evaluator_hash, f"the guard's read of {head.branch}")
     branch = guard_branch(head.branch)
     record_eval(ctx.store, head.harness, ctx.domain, ev, head.step, StepContext(cfg.run.name, branch, cfg.run.seed))
     charges = {**records.charges, branch: Charge(sum(e.action_tokens for e in ev.episodes))}

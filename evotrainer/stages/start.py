@@ -123,6 +123,12 @@ def open_run(cfg: RunConfig, resume: bool, accept_evaluator_change: bool = False
     check_budget(cfg)
     check_report_to(cfg.run.report_to)
     domain = make_domain(cfg)
+    gate_ids, final_ids = split_heldout([t.id for t in domain.tasks("heldout")], cfg.gate.final_fraction, cfg.run.seed)
+    if cfg.gate.checkpoint_tasks > len(gate_ids):
+        raise ConfigError(
+            f"gate.checkpoint_tasks: {cfg.gate.checkpoint_tasks} is more than the {len(gate_ids)} gate tasks "
+            "(eval.heldout_size less its gate.final_fraction); lower it, or set 0 for every read to read them all"
+        )
     check_terms(cfg.harness, domain)
     check_trl(cfg.train, cfg.harness, domain)
     check_device(cfg.policy, cfg.loop.executor)
@@ -145,7 +151,6 @@ def open_run(cfg: RunConfig, resume: bool, accept_evaluator_change: bool = False
     run_dir.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(ledger_path)
     _check_identity(cfg, ledger, run_dir)
-    gate_ids, final_ids = split_heldout([t.id for t in domain.tasks("heldout")], cfg.gate.final_fraction, cfg.run.seed)
     ctx = RunContext(
         cfg=cfg,
         run_dir=run_dir,
@@ -173,6 +178,8 @@ def check_evaluator(ctx: RunContext, accept: bool) -> None:
         "gate": evaluator_identity(ctx.domain, ctx.heldout(ctx.gate_ids), ctx.cfg.eval),
         "final": evaluator_identity(ctx.domain, ctx.heldout(ctx.final_ids), ctx.cfg.eval),
     }
+    if ctx.check_ids != ctx.gate_ids:  # the reads of gate.checkpoint_tasks: their own task list, their own hash
+        now["checkpoint"] = evaluator_identity(ctx.domain, ctx.heldout(ctx.check_ids), ctx.cfg.eval)
     saved = ctx.ledger.get_meta("evaluator")
     if saved is None and (started := ctx.ledger.stage_result(0, "start")) is not None:
         # A run from before the components were recorded: only the final tasks' hash can be compared.
@@ -185,7 +192,7 @@ def check_evaluator(ctx: RunContext, accept: bool) -> None:
             )
     elif saved is not None:
         old = json.loads(saved)
-        changed = sorted(set(what_changed(old["gate"], now["gate"]) + what_changed(old["final"], now["final"])))
+        changed = sorted({c for k in now.keys() | old.keys() for c in what_changed(old.get(k, {}), now.get(k, {}))})
         if changed and not accept:
             raise EvaluatorChanged(
                 f"{ctx.run_dir}: the evaluator changed since this run started: {'; '.join(changed)}. Verdicts made "
@@ -199,8 +206,10 @@ def check_evaluator(ctx: RunContext, accept: bool) -> None:
 
 
 def expect_evaluator(ctx: RunContext, which: str, got: str, what: str) -> None:
-    """Outcomes read by a decision must come from the run's evaluator (`which`: gate or final tasks)."""
-    want = identity_hash(json.loads(ctx.ledger.get_meta("evaluator"))[which])
+    """Outcomes read by a decision must come from the run's evaluator (`which`: gate, final or checkpoint tasks;
+    the last is the gate's where gate.checkpoint_tasks reads them all)."""
+    saved = json.loads(ctx.ledger.get_meta("evaluator"))
+    want = identity_hash(saved.get(which) or saved["gate"])
     if got != want:
         raise EvaluatorChanged(
             f"{what} was evaluated under evaluator {got}, not the run's {want} ({which} tasks): its outcomes "
@@ -241,8 +250,8 @@ def start(ctx: RunContext, say: Any) -> tuple[StartResult, StageRecords]:
     record_eval(ctx.store, cfg.harness, ctx.domain, ev, 0, StepContext(cfg.run.name, base, cfg.run.seed))
     # The base on the gate tasks: the first best read the guard stage holds every later head against, read before
     # anything trains so that no budget can leave the mainline without it.
-    gate_ev = evaluate(policy, ctx.domain, ctx.heldout(ctx.gate_ids), cfg.eval)
-    expect_evaluator(ctx, "gate", gate_ev.evaluator_hash, "the base's read of the gate tasks")
+    gate_ev = evaluate(policy, ctx.domain, ctx.heldout(ctx.check_ids), cfg.eval)
+    expect_evaluator(ctx, "checkpoint", gate_ev.evaluator_hash, "the base's read of the gate tasks")
     record_eval(
         ctx.store, cfg.harness, ctx.domain, gate_ev, 0, StepContext(cfg.run.name, guard_branch(base), cfg.run.seed)
     )

@@ -22,7 +22,7 @@ from benchmarks.tables import mean_and_seeds
 BENCH = ROOT / "benchmarks"
 SCRIPTS = [
     "claims", "coevolve", "fresh_read", "gate_calibration", "gate_simulation", "llm_proposer", "lr_horizon", "replay",
-    "retention",
+    "pair_cells", "retention",
     "rl_seeds", "robustness", "sandbox", "soak", "suite_scale", "throughput", "trial_stops",
     "trl_backend",
 ]  # fmt: skip
@@ -276,3 +276,41 @@ def test_trial_stops_says_which_candidates_were_ahead_and_short_of_their_rounds_
     assert (
         records["r02-t1"]["change"] == "set_knob optimizer.learning_rate: 0.0001 + set_knob sampling.temperature: 1.3"
     )
+
+
+def test_pair_cells_pairs_two_sets_of_cells_task_by_task_and_refuses_two_evaluators(tmp_path):
+    from benchmarks.claims.records import Cell
+    from benchmarks.pair_cells import main, pair
+
+    def cells(d: Path, solved: list[list[int]], ev: str = "e-1") -> Path:
+        d.mkdir()
+        for s, hits in enumerate(solved, 1):
+            outcomes = {f"t{i}": i in hits for i in range(10)}
+            c = Cell(
+                domain="math",
+                arm="loop_default",
+                seed=s,
+                budget_tokens=1,
+                accuracy=sum(outcomes.values()) / 10,
+                outcomes=outcomes,
+                evaluator_hash=ev,
+                seconds=0.0,
+                overrides={},
+                checkpoint="",
+                generated_tokens=1,
+            )
+            (d / f"math-loop_default-{s}.json").write_text(c.model_dump_json())
+        return d
+
+    a = cells(tmp_path / "a", [[0, 1, 2], [0, 1, 2, 3], [5]])
+    b = cells(tmp_path / "b", [[0], [0, 1], [5, 6]])
+    out = pair(a, b, "math", "loop_default", "loop_default", [1, 2, 3])
+    # Per seed: +0.2, +0.2, -0.1; the mean of the seeds' differences, not of pooled tasks.
+    assert out["a_minus_b"]["seed_t"]["per_seed"] == pytest.approx([0.2, 0.2, -0.1])
+    assert out["a_minus_b"]["delta"] == pytest.approx(0.1)
+    main(["--domain", "math", "--a", str(a), "--b", str(b), "--out", str(tmp_path / "p.json")])
+    assert json.loads((tmp_path / "p.json").read_text())["a_minus_b"]["delta"] == pytest.approx(0.1)
+    assert read_manifest(tmp_path / "p.json").command.startswith("python -m benchmarks.pair_cells")
+    other = cells(tmp_path / "c", [[0], [0, 1], [5, 6]], ev="e-2")
+    with pytest.raises(SystemExit, match="seed 1: e-1 and e-2 are two evaluators"):
+        pair(a, other, "math", "loop_default", "loop_default", [1, 2, 3])

@@ -335,7 +335,7 @@ class GateSection(Section):
     the end, so the final accuracy is not inflated by selection on the same tasks."""
     checkpoint_tasks: int = Field(0, ge=0)
     """The first this many gate tasks are what the race's checkpoints, an arm's fork point and the guard read; an arm
-    that runs its length reads them all, for the gate's test (0: every read reads all; examples/math.yaml)."""
+    that runs its length reads them all, for the gate's test (0: every read reads them all)."""
 
     @field_validator("statistic", mode="before")
     @classmethod

@@ -310,7 +310,7 @@ def test_pair_cells_pairs_two_sets_of_cells_task_by_task_and_refuses_two_evaluat
     assert out["a_minus_b"]["delta"] == pytest.approx(0.1)
     main(["--domain", "math", "--a", str(a), "--b", str(b), "--out", str(tmp_path / "p.json")])
     assert json.loads((tmp_path / "p.json").read_text())["a_minus_b"]["delta"] == pytest.approx(0.1)
-    assert read_manifest(tmp_path / "p.json").command.startswith("python -m benchmarks.pair_cells")
+    assert read_manifest(tmp_path / "p.json").note == "from finished claims cells"  # its manifest beside it
     other = cells(tmp_path / "c", [[0], [0, 1], [5, 6]], ev="e-2")
     with pytest.raises(SystemExit, match="seed 1: e-1 and e-2 are two evaluators"):
         pair(a, other, "math", "loop_default", "loop_default", [1, 2, 3])

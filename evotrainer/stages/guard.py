@@ -62,8 +62,8 @@ def guard(ctx: RunContext, rnd: int, before: Mainline, after: Mainline) -> tuple
             update={"attempt": peak.attempt, "peak": peak, "carry": [fell]}
         )
         return GuardResult(head=head, accuracy=acc, outcomes=outcomes, rollback=back), records
-    if Pair.of(outcomes, peak.outcomes).delta >= 0:  # on the tasks both read; ties go to the later checkpoint: less
-        # to throw away going back
+    # Paired on the tasks both read (gate.checkpoint_tasks); ties go to the later checkpoint: less to throw away
+    if Pair.of(outcomes, peak.outcomes).delta >= 0:
         peak = _peak(after, outcomes, after.attempt)
     return GuardResult(head=after.model_copy(update={"peak": peak}), accuracy=acc, outcomes=outcomes), records
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import platform
 import shlex
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import torch
 from pydantic import BaseModel, ConfigDict
 
 from benchmarks.paths import ROOT, relative, scrub
@@ -43,6 +45,27 @@ class Manifest(BaseModel):
     reconstructed: bool = False
     """Written after the fact from git history and benchmarks/HISTORY.md, not by the run itself."""
     note: str = ""
+    machine: str | None = None
+    """The CPU it ran on and the kernels torch picked there (this_machine), e.g. "AMD EPYC / AVX2"; None for a
+    result written before manifests said. CPUs of one machine kind differ, and so do their floating-point sums: a
+    warm-started base, and every run from it, takes another path on another CPU (the swe_short_300k bases read
+    0.745 and 0.805 at seeds 1 and 2 on an AVX-512 Xeon, 0.715 and 0.765 on an AVX2 EPYC), so results paired by
+    seed must have run on one."""
+
+
+def this_machine() -> str:
+    """The CPU's model name and torch's CPU capability (AVX2, AVX512, DEFAULT: what ATEN_CPU_CAPABILITY lowers)."""
+    model = next(
+        (ln.split(":", 1)[1].strip() for ln in _cpuinfo() if ln.startswith("model name")), platform.processor()
+    )
+    return f"{model or 'unknown CPU'} / {torch.backends.cpu.get_cpu_capability()}"
+
+
+def _cpuinfo() -> list[str]:
+    try:
+        return Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:  # not Linux
+        return []
 
 
 def manifest_path(result: str | Path) -> Path:
@@ -112,6 +135,7 @@ def write_manifest(
         command=command or this_command(work),
         date=datetime.now(UTC).isoformat(timespec="seconds"),
         note=note,
+        machine=this_machine(),
     )
     atomic_write_text(manifest_path(result), m.model_dump_json(indent=1) + "\n")
     return m

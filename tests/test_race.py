@@ -11,6 +11,7 @@ import pytest
 from rich.console import Console
 
 from conftest import small_config
+from evotrainer.backtest import gate
 from evotrainer.backtest.statistics import Pair
 from evotrainer.backtest.trial import ArmResult, ArmSpec, run_arm
 from evotrainer.diagnostics.detector import Finding, Window, finding
@@ -293,10 +294,17 @@ def test_a_rollback_trains_the_next_round_on_other_seeds():
     assert again.at("r02-ctl", "d", 40).attempt == 0  # moving on is a fresh start
 
 
-def _a_raced_round(tmp_path, detectors: dict | None = None, gate: dict | None = None):
+def _a_raced_round(
+    tmp_path,
+    detectors: dict | None = None,
+    gate: dict | None = None,
+    learning_rate: float = 1.0,
+    loop: dict | None = None,
+):
     """The run, its start and one round's survivor for the whole-trial tests below (see the first's docstring):
     (ctx, head, seg, survivors, cfg). `detectors`: planted ones added to the round's suite; `gate`: settings of the
-    gate section besides its level."""
+    gate section besides its level; `learning_rate`: the mainline's (1.0 wrecks the control); `loop`: settings of the
+    loop section besides these."""
     from evotrainer.backtest.trial import ArmResult
     from evotrainer.harness.interventions import Hypothesis, Intervention
     from evotrainer.proposers.proposer import Proposal
@@ -308,7 +316,7 @@ def _a_raced_round(tmp_path, detectors: dict | None = None, gate: dict | None = 
     cfg = small_config(
         tmp_path,
         harness={"sampling": {"num_generations": 8, "prompts_per_step": 16, "max_completion_length": 8}}
-        | {"optimizer": {"learning_rate": 1.0}, "reward_weights": {"correct": 1.0}},
+        | {"optimizer": {"learning_rate": learning_rate}, "reward_weights": {"correct": 1.0}},
         eval={"heldout_size": 100, "audit_fraction": 0.0},
         # Seed 0 whatever EVOTRAINER_TEST_SEED says: this tests the confirmation's mechanism, which needs a
         # base that solves some gate tasks (seed 0's solves about 8 of 50; seed 1's, none: nothing can be
@@ -319,7 +327,8 @@ def _a_raced_round(tmp_path, detectors: dict | None = None, gate: dict | None = 
         run={"name": "t", "out_dir": str(tmp_path / "runs"), "seed": 0},
         # No training rollout is audited: the tiny base's reward and audit disagree on a tenth of the paid
         # answers, which the validity rules (tested in test_gate.py) would weigh against a wrecked control.
-        loop={"trial_steps": 4, "race_checkpoints": 1, "candidates": 1, "max_trial_share": 1.0, "max_rounds": 1},
+        loop={"trial_steps": 4, "race_checkpoints": 1, "candidates": 1, "max_trial_share": 1.0, "max_rounds": 1}
+        | (loop or {}),
     )
     ctx = start.open_run(cfg, resume=False)
     head = run_stage(ctx, 0, "start", StartResult, lambda: start.start(ctx, lambda *_: None)).head
@@ -433,6 +442,51 @@ def test_with_checkpoint_tasks_the_race_reads_a_prefix_and_every_decisive_read_a
     [v] = ctx.ledger.verdicts()
     assert v["statistic"]["stage1"]["n"] == v["statistic"]["stage2"]["n"] == 50
     ctx.ledger.close()
+
+
+def _a_remedy_raced(tmp_path, taint: list[str]):
+    """A round whose control and candidate both barely move the policy (learning rates 1e-5 and 2e-5, four steps),
+    raced once, at step 2, beside a segment that carries `taint` (or a clean one): (the trial, the control, the
+    candidate)."""
+    from evotrainer.harness.interventions import Hypothesis, Intervention
+    from evotrainer.proposers.proposer import Proposal
+    from evotrainer.stages import race as race_stage
+    from evotrainer.stages.context import run_stage
+    from evotrainer.stages.results import Survivor, TrialResult
+
+    ctx, head, seg, _, _ = _a_raced_round(tmp_path, learning_rate=1e-5, loop={"trial_unit": "steps"})
+    remedy = Intervention(
+        kind="set_knob",
+        target="optimizer.learning_rate",
+        value=2e-5,
+        hypothesis=Hypothesis(finding="planted_exploit", signal="heldout/accuracy", direction="up"),
+    )
+    survivors = [Survivor(Proposal(remedy.bind(head.harness), "catalog"), None)]
+    tried = run_stage(
+        ctx, 1, "trial", TrialResult, lambda: race_stage.trial(ctx, 1, head, seg, survivors, taint, head.suite)
+    )
+    ctx.ledger.close()
+    return tried, tried.arm("r01-ctl"), tried.arm("r01-c1")
+
+
+def test_beside_a_tainted_segment_a_remedy_races_the_start_and_stops_only_clearly_behind_it(tmp_path, math_setup):
+    """Beside a segment that carries an exploit the control pays it and the gate holds a remedy against the policy the
+    arms fork from, so the race does too: every checkpoint compares the remedy with the start's read, and a remedy
+    level with the start goes on, since its arm is the one the mainline would continue from. Beside a clean segment
+    the same round races the control, and a candidate not ahead of it at the first checkpoint stops there."""
+    tried, control, remedy = _a_remedy_raced(tmp_path / "tainted", ["validity:planted_exploit"])
+    [mark] = remedy.checkpoint_outcomes
+    start = control.checkpoint_outcomes["0"]
+    assert sum(start.values()) > 0, "the fixture's base solves some gate tasks"
+    # Barely moved, the remedy is nowhere near clearly behind the start two steps in: it runs its length.
+    assert not remedy.stopped and sorted(remedy.outcomes) == sorted(start), remedy.stopped
+    assert gate.futile(remedy.checkpoint_outcomes[mark], start, True, "start") == ""
+    assert race.race_reads(control, (int(mark),), True) == ({mark: start}, "start")
+    clean, control, cand = _a_remedy_raced(tmp_path / "clean", [])
+    assert race.race_reads(control, (int(mark),), False) == (control.checkpoint_outcomes, "control")
+    pair = Pair.of(cand.checkpoint_outcomes[mark], control.checkpoint_outcomes[mark])
+    assert bool(cand.stopped) == (pair.wins <= pair.losses)
+    assert not cand.stopped or "not ahead of the control at the first checkpoint" in cand.stopped
 
 
 def test_checkpoint_tasks_beyond_the_gate_tasks_are_refused_before_anything_is_written(tmp_path, math_setup):

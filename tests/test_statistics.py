@@ -124,6 +124,12 @@ def test_the_race_stops_a_candidate_that_is_not_ahead_at_first_and_behind_later(
     assert not gate.futile(slightly_behind, ctrl, first=False) and not gate.futile(tie, ctrl, first=False)
     assert "behind" in gate.futile(far_behind, ctrl, first=False)
     assert gate.futile(far_behind, None, first=True) == ""  # the control itself never races
+    # Against the start (a remedy beside a segment that carries an exploit): level or a task behind goes on at the
+    # first checkpoint too; only clearly behind stops, and the reason names the start.
+    start = ctrl
+    assert not gate.futile(tie, start, True, "start") and not gate.futile(slightly_behind, start, True, "start")
+    assert gate.futile(far_behind, start, True, "start").startswith("behind the start")
+    assert gate.futile(far_behind, start, False, "start").startswith("behind the start")
 
 
 def test_the_noise_prior_is_centred_on_measured_dispersion_not_the_binomial_floor():

@@ -429,17 +429,23 @@ BEHIND_P = 0.1
 FIRST_CHECKPOINT = "at the first checkpoint"  # in a stop's reason there, which benchmarks/trial_stops.py counts
 
 
-def futile(cand: dict[str, bool], ctrl: dict[str, bool] | None, first: bool) -> str:
-    """Why a racing candidate stops at a checkpoint ("" to go on): at the first, not ahead of the control
-    on the gate tasks (a change that has not moved the policy past it yet rarely does later); at later
-    ones, clearly behind it. On benchmarks/gate_calibration.py's arms, null candidates then ran 9-11 of
-    20 steps while 99% of the learning-rate fixes ran them all. Stopping a loser can only lower the
-    chance of a false promotion: no arm is promoted early, the winner runs its length and faces the gate."""
-    if ctrl is None:
+def futile(cand: dict[str, bool], ref: dict[str, bool] | None, first: bool, against: str = "control") -> str:
+    """Why a racing candidate stops at a checkpoint ("" to go on). Against the control (`against` "control"): at
+    the first, not ahead of it on the gate tasks (a change that has not moved the policy past it yet rarely does
+    later); at later ones, clearly behind it. On benchmarks/gate_calibration.py's arms, null candidates then ran
+    9-11 of 20 steps while 99% of the learning-rate fixes ran them all. Against the start (`against` "start": a
+    remedy raced beside a segment that carries an exploit, `ref` the policy the arms fork from): clearly behind it,
+    at the first checkpoint too. There the control pays the exploit, so the mainline cannot go on from it, and a
+    remedy level with the start after three steps is the arm the round's training would continue from; stopped,
+    its steps are thrown away and the mainline starts again from the start (swe_short_300k on an AVX2 EPYC: both
+    remedies level with the control three steps in, before its exploit reached the gate reads, stopped, and the
+    run never left its base at seed 2). Stopping a loser can only lower the chance of a false promotion: no arm
+    is promoted early, the winner runs its length and faces the gate."""
+    if ref is None:
         return ""
-    pair = Pair.of(cand, ctrl)
-    if first and pair.wins <= pair.losses:
+    pair = Pair.of(cand, ref)
+    if first and against == "control" and pair.wins <= pair.losses:
         return f"not ahead of the control {FIRST_CHECKPOINT} (delta {pair.delta:+.3f})"
-    if not first and sign_p(pair.losses, pair.wins) <= BEHIND_P:
-        return f"behind the control (delta {pair.delta:+.3f}, sign-test p {sign_p(pair.losses, pair.wins):.3f})"
+    if (not first or against != "control") and sign_p(pair.losses, pair.wins) <= BEHIND_P:
+        return f"behind the {against} (delta {pair.delta:+.3f}, sign-test p {sign_p(pair.losses, pair.wins):.3f})"
     return ""

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict
@@ -59,6 +59,9 @@ class ArmSpec:
     race: dict[str, dict[str, bool]] | None = None
     """The control's gate outcomes at those checkpoints (by mark, as strings): the arm races it and stops at
     the first checkpoint where gate.futile says it cannot win. None: it never stops (the control)."""
+    race_against: Literal["control", "start"] = "control"
+    """What `race` holds: the control's reads, or the start's at every mark (a remedy raced beside a segment that
+    carries an exploit, which stops only clearly behind it: gate.futile)."""
     tokens: int = 0
     """Generated tokens the arm trains to: it stops after the step that reaches them, `steps` being then a
     cap (loop.trial_unit tokens). 0: it trains `steps` steps."""
@@ -178,7 +181,8 @@ def _train_and_read(spec: ArmSpec, cfg: RunConfig, h: Harness, domain, log: Call
             for mark in passed:
                 r.checkpoint_outcomes[str(mark)] = r.outcomes
                 first = mark == race_marks[0]
-                if spec.race is not None and (why := futile(r.outcomes, spec.race.get(str(mark)), first)):
+                ref = spec.race.get(str(mark)) if spec.race is not None else None
+                if why := futile(r.outcomes, ref, first, spec.race_against):
                     r.stopped = f"stopped at step {step} ({at} of {end} {'tokens' if spec.tokens else 'steps'}): {why}"
                     return False
         return not (spec.tokens and at >= end)
@@ -227,8 +231,8 @@ def spec_key(spec: ArmSpec, domain, cfg: RunConfig) -> str:
         return str(p.relative_to(spec.run_dir)) if p.is_relative_to(spec.run_dir) else str(p)
 
     fields = asdict(spec)
-    for f in ("tokens", "checkpoint_tasks"):  # an arm without them keeps the key it had before they existed: runs
-        if not fields[f]:  # resume
+    for f, unset in (("tokens", 0), ("checkpoint_tasks", 0), ("race_against", "control")):
+        if fields[f] == unset:  # an arm without them keeps the key it had before they existed: runs resume
             del fields[f]
     body = {
         **fields,

@@ -1,7 +1,8 @@
 """Stage 6, the trial: a race, then a confirmation. The control and the candidates fork from one
 checkpoint, each on its own seeds; the control runs first (it carries the mainline and never stops)
 and the candidates race it, evaluated on the gate tasks at checkpoints, a loser stopping where it
-cannot win (gate.futile). The race's best is then trained again on fresh seeds beside a control
+cannot win (gate.futile); beside a segment that carries an exploit they race the start's read instead (race_reads).
+The race's best is then trained again on fresh seeds beside a control
 replicate (the confirmation, gate.two_stage), which is also the run's A-A measurement; beside a control that
 carries an exploit no replicate of it trains, and beside a segment read again the control only reads the start
 (an exploit's extra samples buy nothing the gate reads). A trial that
@@ -119,7 +120,8 @@ def trial(
     specs = [spec("control", "control", head.harness, train=not again)]
     [control] = _run(ctx, rnd, specs)
     harnesses = [s.proposal.intervention.apply(head.harness) for s in survivors[:k]]
-    race = [spec("candidate", "candidate", h, j, control.checkpoint_outcomes) for j, h in enumerate(harnesses, 1)]
+    reads, against = race_reads(control, marks, bool(taint))
+    race = [spec("candidate", "candidate", h, j, reads, against=against) for j, h in enumerate(harnesses, 1)]
     specs += race + ([spec("aa", "aa", head.harness)] if aa_due else [])
     raced = _run(ctx, rnd, specs[1:])
     arms = [control, *raced]
@@ -136,6 +138,19 @@ def trial(
         branches=[BranchRecord.of(a, rnd, parent, head.suite.version, seeds[a.branch]) for a in arms],
         charges={a.branch: arm_charge(a) for a in arms},
     )
+
+
+def race_reads(control: ArmResult, marks: tuple[int, ...], taint: bool) -> tuple[dict[str, dict[str, bool]], str]:
+    """What the candidates race, by mark, and against what (gate.futile): the control's reads at the race's
+    checkpoints; beside a segment that carries an exploit (`taint`), the start's read at every mark. There the
+    gate holds a remedy against the start wherever the control pays the exploit (gate.comparators), and the
+    control has not shown it on the gate tasks yet three steps in: raced against it, a remedy level with the
+    start stopped at the first checkpoint beside a control that went on to fall (swe_short_300k on an AVX2 EPYC,
+    seeds 1 and 2), and the mainline had no trained arm to go on from."""
+    start = control.checkpoint_outcomes.get("0")
+    if not taint or start is None:
+        return control.checkpoint_outcomes, "control"
+    return {str(m): start for m in marks}, "start"
 
 
 def _confirm(
@@ -215,7 +230,9 @@ def _specs(
     cfg = ctx.cfg
     steps = cfg.loop.trial_steps * (4 if tokens else 1)  # with a token target, a cap on a cheap harness's steps
 
-    def spec(role: str, branch_role: str, harness, k: int = 0, race: dict | None = None, train=True) -> ArmSpec:
+    def spec(
+        role: str, branch_role: str, harness, k: int = 0, race: dict | None = None, train=True, against="control"
+    ) -> ArmSpec:
         s = ctx.spec(
             branch_id(rnd, branch_role, k),
             role,
@@ -230,7 +247,8 @@ def _specs(
         )
         racing = role in ("control", "candidate")  # only the race's arms are read at checkpoints
         at = ((0,) if start_read and role == "control" else ()) + (marks if train else ()) if racing else ()
-        return ArmSpec(**{**s.__dict__, "checkpoints": at, "race": race, "tokens": tokens if train else 0})
+        fields = {"checkpoints": at, "race": race, "race_against": against, "tokens": tokens if train else 0}
+        return ArmSpec(**{**s.__dict__, **fields})
 
     return spec
 

@@ -214,6 +214,10 @@ def test_a_segment_read_again_opens_the_whole_budget_to_its_remedy(tmp_path, mat
             "planted": [LR_UP],
         },
         budget={"generated_tokens": 200_000},
+        # Beside the tainted segment round 2's remedy races the start and stops clearly behind it; at the default
+        # rate one step of it loses a sixth of the gate tasks on this tiny base. The forecast below needs an arm
+        # that ran its length, so the arms hardly move here.
+        harness={"optimizer": {"learning_rate": 1e-7}},
     )
     ctx, head = started_with(cfg, {"planted_exploit": f"{__name__}:exploit_on_every_window"})
     tell = Narrator(Console(file=io.StringIO()))

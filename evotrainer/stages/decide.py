@@ -289,18 +289,18 @@ def _test(
     an exploit (`exploits`: the control, the control replicate), the outcomes of the policy the arms forked from,
     which the finalist's run beside that control run is tested against. `level`: the round's (round_level)."""
     cfg, k = ctx.cfg, sum(a.role == "candidate" for a in tried.arms)
-    # A racer that stopped is compared with the control where it stopped, at its last checkpoint.
+    # A racer that stopped is compared with what it raced where it stopped, at its last checkpoint.
     at = list(cand.checkpoint_outcomes)[-1] if cand.stopped else None
-    stage1 = Pair.of(cand.outcomes, control.checkpoint_outcomes[at] if at else control.outcomes)
+    raced = control.checkpoint_outcomes["0" if tried.raced == "start" else at] if at else control.outcomes
+    stage1 = Pair.of(cand.outcomes, raced)
     if cand.stopped:
         return RaceResult(
             level=level,
             candidates=k,
             stopped=cand.stopped,
             **pair_figures(stage1),
-            # Both accuracies where the candidate stopped, like the delta.
-            control_accuracy=sum(control.checkpoint_outcomes[at].values())
-            / max(1, len(control.checkpoint_outcomes[at])),
+            # Both accuracies where the candidate stopped, like the delta (against the start where it raced that).
+            control_accuracy=sum(raced.values()) / max(1, len(raced)),
         ), ["stopped_early"]
     if cfg.gate.statistic != "two_stage":
         return single

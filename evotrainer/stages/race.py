@@ -134,7 +134,7 @@ def trial(
         specs, arms = specs + more, arms + ran
     parent = head.branch if taint else seg.branch
     seeds = {sp.branch: sp.seed for sp in specs}
-    return TrialResult(arms=arms, finalist=j, note=note), StageRecords(
+    return TrialResult(arms=arms, finalist=j, note=note, raced=against), StageRecords(
         branches=[BranchRecord.of(a, rnd, parent, head.suite.version, seeds[a.branch]) for a in arms],
         charges={a.branch: arm_charge(a) for a in arms},
     )

@@ -5,7 +5,7 @@ key fails loudly where it is read. The JSON keys are the ones ledgers have alway
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel
 
@@ -213,6 +213,8 @@ class TrialResult(Record):
     """The candidate (1-based) the race sent to its confirmation; None when none went."""
     note: str = ""
     """Why no confirmation ran, or how the trial was limited to keep within loop.max_trial_share."""
+    raced: Literal["control", "start"] = "control"
+    """What the candidates raced at the checkpoints: the control's reads, or the start's (race.race_reads)."""
 
     def arm(self, branch: str) -> ArmResult | None:
         return next((a for a in self.arms if a.branch == branch), None)

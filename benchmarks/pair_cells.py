@@ -6,14 +6,15 @@ benchmarks.claims cell`), so it costs nothing to rerun:
     python -m benchmarks.pair_cells --domain math --a results/claims-checkpoint-tasks \\
         --b results/claims-checkpoint-tasks-250 --out results/claims-checkpoint-tasks-pair.json
 
-Cells of one seed read under different evaluators are not paired: the command stops and names the seed."""
+Cells of one seed read under different evaluators, or run on different machines (so from different bases), are not
+paired: the command stops and names the seed."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from benchmarks.claims.records import cell_name, read_cell
+from benchmarks.claims.records import cell_name, machine_of, mixed_machines, read_cell
 from benchmarks.intervals import paired_interval
 from benchmarks.manifest import write_result
 from benchmarks.paths import ROOT
@@ -21,8 +22,11 @@ from benchmarks.paths import ROOT
 
 def pair(a_dir: Path, b_dir: Path, domain: str, arm_a: str, arm_b: str, seeds: list[int]) -> dict:
     """The mean accuracy difference a - b over `seeds`, with its intervals and each side's accuracies."""
-    a = [read_cell(a_dir / f"{cell_name(domain, arm_a, s)}.json") for s in seeds]
-    b = [read_cell(b_dir / f"{cell_name(domain, arm_b, s)}.json") for s in seeds]
+    pa = [a_dir / f"{cell_name(domain, arm_a, s)}.json" for s in seeds]
+    pb = [b_dir / f"{cell_name(domain, arm_b, s)}.json" for s in seeds]
+    a, b = [read_cell(p) for p in pa], [read_cell(p) for p in pb]
+    if why := mixed_machines([(c, machine_of(p)) for c, p in zip(a + b, pa + pb)]):
+        raise SystemExit(why)
     for s, x, y in zip(seeds, a, b, strict=True):
         if x.evaluator_hash != y.evaluator_hash:
             raise SystemExit(

@@ -314,3 +314,50 @@ def test_pair_cells_pairs_two_sets_of_cells_task_by_task_and_refuses_two_evaluat
     other = cells(tmp_path / "c", [[0], [0, 1], [5, 6]], ev="e-2")
     with pytest.raises(SystemExit, match="seed 1: e-1 and e-2 are two evaluators"):
         pair(a, other, "math", "loop_default", "loop_default", [1, 2, 3])
+
+
+def test_cells_of_one_seed_that_ran_on_two_machines_are_neither_paired_nor_aggregated(tmp_path):
+    """A manifest records the machine (CPU and torch's kernels); a base warm-started on another CPU is another
+    policy, so pair_cells and the claims' aggregate refuse a seed whose cells ran on two, naming it."""
+    from benchmarks.claims.records import Cell
+    from benchmarks.manifest import Manifest, manifest_path, this_machine
+    from benchmarks.pair_cells import pair
+
+    def cell(d: Path, arm: str, seed: int, hits: int) -> Path:
+        outcomes = {f"t{i}": i < hits for i in range(10)}
+        c = Cell(
+            domain="swe_short_300k",
+            arm=arm,
+            seed=seed,
+            budget_tokens=1,
+            accuracy=hits / 10,
+            outcomes=outcomes,
+            evaluator_hash="e-1",
+            seconds=0.0,
+            overrides={},
+            checkpoint="",
+            generated_tokens=1,
+        )
+        return write_result(d / f"swe_short_300k-{arm}-{seed}.json", c.model_dump(mode="json"), no_config=True)
+
+    a = [cell(tmp_path / "a", "loop_default", s, 6) for s in (1, 2)]
+    b = [cell(tmp_path / "b", "loop_default", s, 5) for s in (1, 2)]
+    assert read_manifest(a[0]).machine == this_machine() and " / " in this_machine()
+    assert pair(tmp_path / "a", tmp_path / "b", "swe_short_300k", "loop_default", "loop_default", [1, 2])
+    m = read_manifest(b[1]).model_dump()
+    manifest_path(b[1]).write_text(Manifest(**{**m, "machine": "Intel Xeon / AVX512"}).model_dump_json())
+    with pytest.raises(SystemExit, match=r"swe_short_300k seed 2: .*'Intel Xeon / AVX512'.*one machine"):
+        pair(tmp_path / "a", tmp_path / "b", "swe_short_300k", "loop_default", "loop_default", [1, 2])
+    # One folder: the loop and the reference of seed 2 on two machines, and of seed 1 on one.
+    both = tmp_path / "both"
+    for s in (1, 2):
+        cell(both, "loop_default", s, 6)
+        cell(both, "static_reference", s, 7)
+    ref = both / "swe_short_300k-static_reference-2.json"
+    manifest_path(ref).write_text(Manifest(**{**read_manifest(ref).model_dump(), "machine": None}).model_dump_json())
+    with pytest.raises(SystemExit, match=r"seed 2: .*'not recorded'.*run every arm of a seed on one machine"):
+        write_claims(both, tmp_path / "claims.json")
+    assert not (tmp_path / "claims.json").exists()
+    manifest_path(ref).unlink()  # no manifest at all is as unrecorded
+    with pytest.raises(SystemExit, match=r"seed 2: "):
+        write_claims(both, tmp_path / "claims.json")

@@ -9,7 +9,16 @@ from typing import Any
 import numpy as np
 
 from benchmarks.claims.arms import ACROSS_FROM, DOMAINS, MAIN_ARMS
-from benchmarks.claims.records import Cell, DomainClaims, OverBase, SkillPair, Skills, read_cells
+from benchmarks.claims.records import (
+    Cell,
+    DomainClaims,
+    OverBase,
+    SkillPair,
+    Skills,
+    machine_of,
+    mixed_machines,
+    read_cell,
+)
 from benchmarks.intervals import PairedInterval, SeedT, paired_interval
 from benchmarks.manifest import results_in, write_result
 from benchmarks.tables import markdown_table, mean_and_seeds
@@ -149,9 +158,14 @@ def aggregate(cells: list[Cell]) -> dict[str, Any]:
 
 
 def write_claims(cells_dir: Path, out: Path) -> dict[str, Any]:
-    """Aggregate the cells of `cells_dir` into `out` (and its manifest)."""
-    claims = aggregate(read_cells(cells_dir))
-    inputs = [p.name for p in results_in(cells_dir)]
+    """Aggregate the cells of `cells_dir` into `out` (and its manifest); refused, before anything is written, where
+    cells of one seed ran on several machines (records.mixed_machines)."""
+    paths = results_in(cells_dir)
+    cells = [read_cell(p) for p in paths]
+    if why := mixed_machines([(c, machine_of(p)) for c, p in zip(cells, paths)]):
+        raise SystemExit(f"{cells_dir}: {why}")
+    claims = aggregate(cells)
+    inputs = [p.name for p in paths]
     write_result(
         out,
         claims,

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from benchmarks.intervals import PairedInterval
-from benchmarks.manifest import results_in
+from benchmarks.manifest import manifest_path, read_manifest, results_in
 
 
 class PlantedOutcome(BaseModel):
@@ -66,6 +66,28 @@ def read_cell(path: Path) -> Cell:
 def read_cells(folder: Path) -> list[Cell]:
     """Every cell of a folder (its result files, not their manifests), in file-name order."""
     return [read_cell(p) for p in results_in(folder)]
+
+
+def machine_of(path: Path) -> str | None:
+    """The machine a cell ran on, from its manifest; None where it is not recorded (cells before 2026-12-01)."""
+    return read_manifest(path).machine if manifest_path(path).is_file() else None
+
+
+def mixed_machines(cells: list[tuple[Cell, str | None]]) -> str:
+    """Why cells of one domain and seed cannot be compared, "" when they can: each arm starts from a base
+    warm-started where it ran, and another CPU's floating-point sums warm-start another base (benchmarks.manifest
+    .Manifest.machine), so arms of one seed that ran on two machines did not start from one policy. A cell whose
+    machine is not recorded counts as a machine of its own."""
+    seen: dict[tuple[str, int], set[str | None]] = {}
+    for cell, machine in cells:
+        seen.setdefault((cell.domain, cell.seed), set()).add(machine)
+    mixed = [f"{d} seed {s}: {sorted(m or 'not recorded' for m in ms)}" for (d, s), ms in seen.items() if len(ms) > 1]
+    if not mixed:
+        return ""
+    return (
+        f"cells of one seed ran on several machines ({'; '.join(mixed)}), so they did not start from one base; "
+        "run every arm of a seed on one machine"
+    )
 
 
 class DomainClaims(BaseModel):

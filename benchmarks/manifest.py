@@ -32,6 +32,7 @@ class Manifest(BaseModel):
     result: str
     """The result file, relative to the repository."""
     commit: str
+    """HEAD when the process that wrote the result started (at 2026-11-30 and before: when it wrote it)."""
     dirty: bool | None
     """Whether the code differed from `commit` (uncommitted changes outside benchmarks/results); None where
     that is not known (a manifest reconstructed from git history)."""
@@ -104,6 +105,11 @@ def git_state() -> tuple[str, bool | None]:
     return commit, bool(changed)
 
 
+# The code a result was measured with is what the process loaded when it started: a commit made while a long
+# cell runs (hours on two cores) is not its code, so the manifest records the state at import, not at the write.
+_STARTED_AT = git_state()
+
+
 def this_command(work: str | Path | None = None) -> str:
     """The command line that is running, as `python -m MODULE ARGS` (run from the repository root)."""
     main = sys.modules.get("__main__")
@@ -122,8 +128,9 @@ def write_manifest(
     work: str | Path | None = None,
 ) -> Manifest:
     """Write the manifest of `result` beside it (the config files are hashed as they are on disk now,
-    which is what ran; `dirty` says whether that is the commit's; `work`, the scratch directory, is $WORK)."""
-    commit, dirty = git_state()
+    which is what ran; the commit and `dirty` are the tree's when this process started; `work`, the scratch
+    directory, is $WORK)."""
+    commit, dirty = _STARTED_AT
     files = [relative(c) for c in configs]
     texts = {f: (ROOT / f).read_text() for f in files}
     m = Manifest(

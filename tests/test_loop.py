@@ -155,6 +155,28 @@ def test_the_trial_stops_benchmark_reads_each_verdict_of_a_finished_run(loop_run
     assert out["all"]["tested_by_the_gate"] == len(tested) and out["all"]["ahead_short_of_the_level"] == len(short)
 
 
+def test_the_round_spend_benchmark_accounts_for_every_charged_token_by_round(loop_run, tmp_path):
+    from benchmarks.round_spend import main as round_spend
+    from evotrainer.stages.spend import lineage
+
+    _, run_dir, summary = loop_run
+    round_spend(["--out", str(tmp_path / "spend.json"), str(run_dir)])
+    [out] = json.loads((tmp_path / "spend.json").read_text()).values()
+    ledger = Ledger(run_dir / "ledger.sqlite")
+    assert out["generated_tokens"] == ledger.spent().generated_tokens == summary["spent"]["generated_tokens"]
+    kept = lineage(ledger, read_stage(ledger, 0, "final").head.branch)
+    charges = ledger.rows("SELECT round, item, generated_tokens AS g FROM charges")
+    assert out["kept_tokens"] == sum(c["g"] for c in charges if c["item"] in kept)
+    for rnd in (1, 2):
+        r = out["rounds"][str(rnd)]
+        seg = read_stage(ledger, rnd, "train")
+        if seg.branch == branch_id(rnd, "segment"):  # a segment read again was charged in its own round
+            assert r["segment"] == sum(c["g"] for c in charges if c["item"] == seg.branch)
+        arms = {a.branch for a in read_stage(ledger, rnd, "trial").arms}
+        assert r["trial_arms"] == sum(c["g"] for c in charges if c["item"] in arms and c["round"] == rnd)
+    ledger.close()
+
+
 def test_every_store_file_and_rollout_is_named_by_the_id_scheme(loop_run):
     _, run_dir, _ = loop_run
     store = RolloutStore(run_dir / "store")

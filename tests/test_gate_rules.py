@@ -9,6 +9,7 @@ import pytest
 from evotrainer.backtest import gate
 from evotrainer.backtest.statistics import Pair
 from evotrainer.diagnostics.detector import Finding
+from evotrainer.harness.harness import Harness
 from evotrainer.ids import branch_id, trial_id
 from evotrainer.stages.results import Rollback
 
@@ -201,19 +202,42 @@ def test_an_invalid_control_is_repaired_by_a_valid_remedy_for_its_exploit_that_i
     seen = {"test_tampering", "collection_errors"}  # the segment's and the control's validity findings
     near = outcomes(set(range(2, 31)))  # 1 won, 2 lost against the start: within the noise
     fell = outcomes(set(range(12)))  # 18 lost: a regression
-    fix = ("collection_errors", ["no_supported_gain"], [near])  # the segment's exploit, not the control's: still one
+    Remedy = gate.Remedy
+    at = {r: Harness(optimizer={"learning_rate": r}) for r in (5e-4, 2.5e-4)}
+    # The segment's exploit, not the control's: still one.
+    fix = Remedy("collection_errors", ["no_supported_gain"], [near], at[5e-4])
     assert gate.repair(bad, seen, [fix], start, noise, level) == 1
     assert gate.repair([], seen, [fix], start, noise, level) is None  # a valid control needs no repair
     assert gate.repair(bad, seen, [fix], None, noise, level) is None  # no start read: nothing to compare with
-    assert gate.repair(bad, seen, [("plateau", ["no_supported_gain"], [near])], start, noise, level) is None
+    assert gate.repair(bad, seen, [fix._replace(finding="plateau")], start, noise, level) is None
     for reason in ("validity:test_tampering", "validity:tool_errors", *gate.INVALIDITY):
-        assert gate.repair(bad, seen, [(fix[0], ["not_confirmed", reason], [near])], start, noise, level) is None
-    assert gate.repair(bad, seen, [(fix[0], ["stopped_early"], [fell])], start, noise, level) is None
-    assert gate.repair(bad, seen, [(*fix[:2], [near, fell])], start, noise, level) is None  # a confirmation run fell
-    assert gate.repair(bad, seen, [(*fix[:2], [])], start, noise, level) is None
-    better = ("test_tampering", ["not_confirmed"], [outcomes(set(range(33)))])
+        assert gate.repair(bad, seen, [fix._replace(reasons=["not_confirmed", reason])], start, noise, level) is None
+    assert gate.repair(bad, seen, [fix._replace(reasons=["stopped_early"], runs=[fell])], start, noise, level) is None
+    assert gate.repair(bad, seen, [fix._replace(runs=[near, fell])], start, noise, level) is None  # a run fell
+    assert gate.repair(bad, seen, [fix._replace(runs=[])], start, noise, level) is None
+    better = Remedy("test_tampering", ["not_confirmed"], [outcomes(set(range(33)))], at[5e-4])
     assert gate.repair(bad, seen, [fix, better], start, noise, level) == 2
     assert gate.repair(bad, seen, [fix, fix], start, noise, level) == 1  # a tie goes to the earlier candidate
+
+
+def test_a_repair_takes_the_smaller_step_unless_the_larger_reads_clearly_ahead():
+    """The remedy raced at its step and hedged at half of it (proposers/hedges.py), each read once on the gate tasks:
+    the repair takes the smaller step unless the larger one's read is clearly ahead of it (the race's sign test at
+    BEHIND_P), whichever comes first and whichever reads higher within that."""
+    noise = gate.moderated([Pair(6, 4, 120)])
+    start = outcomes(set(range(30)))
+    at = {r: Harness(optimizer={"learning_rate": r}) for r in (5e-4, 2.5e-4)}
+    bad, seen = ["validity:test_tampering"], {"test_tampering"}
+    naive = gate.Remedy("test_tampering", ["no_supported_gain"], [outcomes(set(range(33)))], at[5e-4])
+    # Three tasks below the naive step's read (0 won, 3 lost: sign-test p 0.125): within the noise, the hedge.
+    hedged = gate.Remedy("test_tampering", ["no_supported_gain"], [outcomes(set(range(30)))], at[2.5e-4])
+    assert gate.repair(bad, seen, [naive, hedged], start, noise, 0.95) == 2
+    assert gate.repair(bad, seen, [hedged, naive], start, noise, 0.95) == 1
+    # Six below (p 0.016): the naive step is clearly ahead, and the repair takes it.
+    low = hedged._replace(runs=[outcomes(set(range(27)))])
+    assert gate.repair(bad, seen, [naive, low], start, noise, 0.95) == 1
+    # A smaller step that does not qualify (a validity reason against it) is no choice.
+    assert gate.repair(bad, seen, [naive, hedged._replace(reasons=["validity:x"])], start, noise, 0.95) == 1
 
 
 def test_a_candidate_run_significantly_below_the_start_is_a_finding_on_the_learning_rate():

@@ -6,6 +6,7 @@ evaluator hash, whatever the decision."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -317,40 +318,71 @@ def rolls_back(promoted: bool, control_invalid: list[str]) -> bool:
 INVALIDITY = ("reward_audit_gap_widened", "reward_up_audit_flat")
 
 
+class Remedy(NamedTuple):
+    """A raced candidate as gate.repair weighs it."""
+
+    finding: str
+    """The finding its hypothesis names."""
+    reasons: list[str]
+    """Its verdict's reasons."""
+    runs: list[Outcomes]
+    """Its gate outcomes on each of its runs: the race's where it ended, then the confirmation's."""
+    harness: Harness
+    """Its harness (the learning rate it trains at is what the choice weighs)."""
+
+
 def repair(
     control_invalid: list[str],
     exploits: set[str],
-    cands: list[tuple[str, list[str], list[Outcomes]]],
+    cands: list[Remedy],
     start: Outcomes | None,
     noise: Noise,
     level: float,
 ) -> int | None:
     """Nothing won and the control carries an exploit (`control_invalid`, its `validity:NAME` reasons): the 1-based
     index of the candidate whose harness the mainline adopts instead, a repair, not a promotion; None when none
-    qualifies. Each candidate is (the finding its hypothesis names, its verdict's reasons, its gate outcomes on each
-    of its runs: the race's where it ended, then the confirmation's). It qualifies when it was proposed for the
-    exploit (its hypothesis names one of `exploits`, the validity findings of the round's segment and control: a
-    change proposed for anything else is no remedy of it, however its runs read), no validity reason is against it
-    on any run, and no run is significantly below the policy the arms forked from (`regression`, the guard every new
-    head passes). The best race read wins, the earlier on a tie.
+    qualifies. A candidate qualifies when it was proposed for the exploit (its hypothesis names one of `exploits`,
+    the validity findings of the round's segment and control: a change proposed for anything else is no remedy of
+    it, however its runs read), no validity reason is against it on any run, and no run is significantly below the
+    policy the arms forked from (`regression`, the guard every new head passes). Of those, the smallest step whose
+    race read is not clearly behind the best race read (the race's own rule, gate.futile's sign test at BEHIND_P);
+    on equal steps the better read, then the earlier.
 
     Why adopt a harness that did not win: the harness it replaces pays an exploit, so the mainline cannot train on
     under it (each segment would be thrown away), and the static run under it is what the claims cells showed
-    collapsing. The repaired harness earns no claim of a gain; its training is diagnosed like any segment's."""
+    collapsing. The repaired harness earns no claim of a gain; its training is diagnosed like any segment's.
+
+    Why the smaller step unless the larger is clearly ahead: the two steps (proposers/hedges.py) are read once
+    each, after one trial's tokens, and the run trains under the one adopted to its end. A step set for the reward
+    that paid the exploit is no evidence for the new one, and where the larger was taken on a better read within
+    the reads' noise the run ended lower: swe_short_300k on an AVX-512 Xeon, the seeds that repaired at the naive
+    5e-4 ended 0.063 below the reference and those at the halved step 0.008; on an AVX2 EPYC, 0.765 and 0.775 at
+    the naive step against 0.855 and 0.805 at the halved one (HISTORY.md, "Remedies race the start")."""
     if not control_invalid or start is None:
         return None
-    best: tuple[float, int] | None = None
-    for j, (finding, reasons, runs) in enumerate(cands, 1):
-        if finding not in exploits:
+    ok = []
+    for j, c in enumerate(cands, 1):
+        if c.finding not in exploits:
             continue
-        if any(r.startswith("validity:") or r in INVALIDITY for r in reasons):
+        if any(r.startswith("validity:") or r in INVALIDITY for r in c.reasons):
             continue
-        if not runs or any(regression(o, start, noise, level) is not None for o in runs):
+        if not c.runs or any(regression(o, start, noise, level) is not None for o in c.runs):
             continue
-        acc = sum(runs[0].get(t, False) for t in start) / max(1, len(start))
-        if best is None or acc > best[0]:
-            best = (acc, j)
-    return best[1] if best else None
+        ok.append(j)
+    if not ok:
+        return None
+
+    def read(j: int) -> float:
+        return sum(cands[j - 1].runs[0].get(t, False) for t in start) / max(1, len(start))
+
+    top = max(ok, key=lambda j: (read(j), -j))  # the best race read, the earlier on a tie
+
+    def behind(j: int) -> bool:
+        pair = Pair.of(cands[j - 1].runs[0], cands[top - 1].runs[0])
+        return sign_p(pair.losses, pair.wins) <= BEHIND_P
+
+    step = {j: cands[j - 1].harness.optimizer.learning_rate for j in ok}
+    return min((j for j in ok if not behind(j)), key=lambda j: (step[j], -read(j), j))
 
 
 def regression(head: Outcomes, start: Outcomes | None, noise: Noise, level: float) -> Regression | None:

@@ -402,10 +402,12 @@ def _repair(
     does. A candidate that stopped early leaves its policy behind: only its harness is adopted."""
     control = tried.arm(branch_id(rnd, "control"))
     raced = [a for a in tried.arms if a.role == "candidate"]
-
+    harnesses = [s.proposal.intervention.apply(head.harness) for s in survivors]
     cands = [
-        (s.proposal.intervention.hypothesis.finding, v.reasons, [r.outcomes for r in _runs(tried, rnd, j)])
-        for j, (s, v) in enumerate(zip(survivors, gated.verdicts, strict=False), 1)
+        gate.Remedy(
+            s.proposal.intervention.hypothesis.finding, v.reasons, [r.outcomes for r in _runs(tried, rnd, j)], h
+        )
+        for j, (s, v, h) in enumerate(zip(survivors, gated.verdicts, harnesses, strict=False), 1)
     ]
     # The exploits a remedy may be proposed for: the validity findings the round's proposer saw (the segment's, the
     # revision's, those carried from the mainline's last arm) and the control's.
@@ -415,8 +417,7 @@ def _repair(
     j = gate.repair(gated.control_rejected, exploits, cands, start, gated.noise.noise(), ctx.cfg.gate.level)
     if j is None:
         return None
-    arm = raced[j - 1]
-    harness = survivors[j - 1].proposal.intervention.apply(head.harness)
+    arm, harness = raced[j - 1], harnesses[j - 1]
     save_harness(ctx.run_dir, harness)
     new = head.retried() if arm.stopped else head.at(arm.branch, arm.checkpoint, arm.last_step)
     record = Repair(

@@ -17,10 +17,17 @@ class Record(BaseModel):
     """Keys written only when they hold a value, as the dicts these records replaced wrote them: a reader of the
     ledger's JSON (an older version, a benchmark, a user's query) tells the cases apart by the key's presence."""
 
+    OMIT_DEFAULT: ClassVar[tuple[str, ...]] = ()
+    """Keys added after ledgers were written without them, written only when they differ from their default:
+    an older record then writes back the JSON it was read from."""
+
     @model_serializer(mode="wrap")
     def _omit_none(self, handler: SerializerFunctionWrapHandler) -> Any:
         data = handler(self)
         for key in self.OMIT_NONE:
             if data.get(key, 0) is None:
+                del data[key]
+        for key in self.OMIT_DEFAULT:
+            if key in data and data[key] == type(self).model_fields[key].default:
                 del data[key]
         return data

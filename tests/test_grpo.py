@@ -349,7 +349,11 @@ def test_a_bfloat16_sampler_follows_the_trained_weights_its_mismatch_measured_an
     assert any(not torch.equal(a, b) for a, b in zip(before, moved)), "the step moved no weight"
     low.sample(contexts, max_new_tokens=2, fast=True)
     assert all(q.dtype == torch.bfloat16 and torch.equal(q, w) for q, w in zip(low._sampler.parameters(), moved))
-    assert read(low) == read(exact), "a held-out read still samples the trained float32 weights"
+    # The two policies trained on their own rollouts (sampled at two precisions), so the read that a held-out
+    # read must equal is the one of a float32 policy holding low's trained weights.
+    low.save(tmp_path / "twin")
+    twin = HFPolicy.load(tmp_path / "twin")
+    assert read(low) == read(twin), "a held-out read does not sample the trained float32 weights"
     # Without a step between them (a multi-turn episode's turns) the copy is not made again: a weight planted in
     # the copy survives the next fast sample, and the next in-place update of the trained weights replaces it.
     first = next(q for q, p in zip(low._sampler.parameters(), low.model.parameters(), strict=True) if p.requires_grad)
@@ -357,6 +361,9 @@ def test_a_bfloat16_sampler_follows_the_trained_weights_its_mismatch_measured_an
         first.fill_(7.0)
         low.sample(contexts, max_new_tokens=2, fast=True)
         assert bool((first == 7.0).all()), "the copy was made again though no weight moved"
+        planted = [s.token_ids for s in low.sample(contexts, max_new_tokens=8, greedy=True, fast=True)]
+        assert planted != read(twin), "the planted weight did not reach a fast sample"
+        assert read(low) == read(twin), "a held-out read samples the copy, planted weight and all"
         next(p for p in low.model.parameters() if p.requires_grad).mul_(1.0)  # an in-place write, as a step's
         low.sample(contexts, max_new_tokens=2, fast=True)
     assert not bool((first == 7.0).all()), "the copy did not follow an in-place update"

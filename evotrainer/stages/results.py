@@ -205,6 +205,8 @@ class Survivor:
 
 
 class TrialResult(Record):
+    OMIT_DEFAULT: ClassVar[tuple[str, ...]] = ("raced",)
+
     arms: list[ArmResult]
     abandoned: str | None = None
     cap: str = ""

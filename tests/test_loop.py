@@ -648,7 +648,9 @@ def test_a_valid_remedy_for_the_controls_exploit_repairs_the_mainline_harness(tm
     finding as its hypothesis, trains too little to win or to fall (the learning rate is tiny), so nothing is
     promoted; but rather than go back to the harness that pays the exploit, the mainline takes the remedy's
     (gate.repair): round 2 trains under it on a window the suite finds clean. (An unrelated move leaves the
-    rollback as it was: the rules' test.)"""
+    rollback as it was: the rules' test.) The temperature is high so that some completions miss the format on
+    every machine: where a base formatted every rollout (an AMX Xeon's kernels), `format` was constant within each
+    group, the replay found the remedy moved no advantage and dropped it, and nothing was left to repair with."""
     fix = {
         "kind": "set_reward_weight",
         "target": "reward_weights.format",
@@ -657,7 +659,11 @@ def test_a_valid_remedy_for_the_controls_exploit_repairs_the_mainline_harness(tm
     }
     cfg = loop_config(
         tmp_path,
-        harness={"reward_weights": {"correct": 1.0, "format": 1.0}, "optimizer": {"learning_rate": 1e-7}},
+        harness={
+            "reward_weights": {"correct": 1.0, "format": 1.0},
+            "optimizer": {"learning_rate": 1e-7},
+            "sampling": {"temperature": 1.5},
+        },
         loop={"max_rounds": 2, "candidates": 1, "planted": [fix]},
     )
     from evotrainer.report.console import Narrator

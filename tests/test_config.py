@@ -94,3 +94,20 @@ def test_a_new_run_with_the_uncalibrated_sign_gate_is_refused_before_anything_is
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "gate.statistic" in out.stderr and "use two_stage" in out.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_mistyped_field_is_named_before_torch_is_imported(tmp_path):
+    """A config mistake is the first thing most users meet: the CLI names the field in well under a second,
+    before it loads torch and transformers (seconds), for `train` and `run` alike."""
+    f = tmp_path / "bad.yaml"
+    f.write_text("train:\n  stepz: 3\n")
+    for command in ("train", "run"):
+        probe = (
+            "import sys\n"
+            "from evotrainer.cli.main import main\n"
+            f"sys.argv = ['evotrainer', {command!r}, {str(f)!r}]\n"
+            "try:\n    main()\n"
+            "except SystemExit as e:\n    print('exit', e.code, 'torch' in sys.modules)\n"
+        )
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+        assert out.stdout.strip() == "exit 2 False" and "train.stepz" in out.stderr, (out.stdout, out.stderr)

@@ -28,9 +28,9 @@ def run(
 ) -> None:
     """Run the co-evolution loop (train, diagnose, revise, propose, replay, trial, gate, promote, remember)
     until the budget is spent."""
+    cfg = load_config(config, parse_overrides(set_))  # first: a mistyped field is named before torch loads
     from evotrainer.loop import run_loop
 
-    cfg = load_config(config, parse_overrides(set_))
     used = Path(cfg.run.out_dir) / cfg.run.name
     if (used / "config.yaml").exists() and not (used / "ledger.sqlite").exists():
         # A loop run written into a `train` run's directory would mix the two runs' stores.

@@ -24,9 +24,9 @@ def train(
     ),
 ) -> None:
     """Warm-start or load the policy, evaluate, train with RL under the harness, evaluate again."""
+    cfg = load_config(config, parse_overrides(set_))  # first: a mistyped field is named before torch loads
     from evotrainer.training.run import train_run
 
-    cfg = load_config(config, parse_overrides(set_))
     train_run(cfg, console, overwrite=overwrite)
 
 

@@ -52,14 +52,36 @@ class Manifest(BaseModel):
     warm-started base, and every run from it, takes another path on another CPU (the swe_short_300k bases read
     0.745 and 0.805 at seeds 1 and 2 on an AVX-512 Xeon, 0.715 and 0.765 on an AVX2 EPYC), so results paired by
     seed must have run on one."""
+    packages: dict[str, str] = {}
+    """The versions of torch, transformers and the other libraries a result's numerics and data come from
+    (these_packages); empty for a result written before manifests said."""
 
 
 def this_machine() -> str:
-    """The CPU's model name and torch's CPU capability (AVX2, AVX512, DEFAULT: what ATEN_CPU_CAPABILITY lowers)."""
-    model = next(
-        (ln.split(":", 1)[1].strip() for ln in _cpuinfo() if ln.startswith("model name")), platform.processor()
-    )
-    return f"{model or 'unknown CPU'} / {torch.backends.cpu.get_cpu_capability()}"
+    """The CPU's model name, its family, model and stepping numbers, and torch's CPU capability (AVX2, AVX512,
+    DEFAULT: what ATEN_CPU_CAPABILITY lowers), e.g. "Intel(R) Xeon(R) Processor 6-167-1 / AVX512". The numbers
+    are there because a virtual machine's model name can be generic: on two machines whose CPUs both read
+    "Intel(R) Xeon(R) Processor", one commit (9814f4a) warm-started the main job's base to 0.504 and 0.628 on
+    its final tasks (the installed packages were not recorded then, so they may have differed too)."""
+    info = dict(ln.split(":", 1) for ln in _cpuinfo() if ":" in ln)
+    info = {k.strip(): v.strip() for k, v in info.items()}
+    model = info.get("model name") or platform.processor() or "unknown CPU"
+    numbers = "-".join(info[k] for k in ("cpu family", "model", "stepping") if k in info)
+    return f"{model}{' ' + numbers if numbers else ''} / {torch.backends.cpu.get_cpu_capability()}"
+
+
+def these_packages() -> dict[str, str]:
+    """The versions of the packages whose numerics or data a result depends on: the machine is half of what
+    makes a base, the installed libraries (ranges in pyproject.toml, not pins) the other half."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in ("torch", "transformers", "tokenizers", "numpy", "reasoning-gym", "trl", "peft"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return found
 
 
 def _cpuinfo() -> list[str]:
@@ -143,6 +165,7 @@ def write_manifest(
         date=datetime.now(UTC).isoformat(timespec="seconds"),
         note=note,
         machine=this_machine(),
+        packages=these_packages(),
     )
     atomic_write_text(manifest_path(result), m.model_dump_json(indent=1) + "\n")
     return m

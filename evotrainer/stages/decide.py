@@ -20,13 +20,13 @@ from evotrainer.backtest.verdict import (
     VerdictRecord,
     pair_figures,
 )
-from evotrainer.config import GateSection
 from evotrainer.diagnostics.detector import Finding
 from evotrainer.diagnostics.suite import Suite
 from evotrainer.harness.harness import Harness, save_harness
 from evotrainer.ids import EVAL, branch_id, rollout_id, trial_id
 from evotrainer.skills.library import FOR, Skill
 from evotrainer.stages.context import RunContext, StageRecords, arm_charge
+from evotrainer.stages.level import round_level, with_history
 from evotrainer.stages.noise import BankedPair, NoiseBank, bank_noise, with_pairs
 from evotrainer.stages.race import exploiting_controls
 from evotrainer.stages.results import (
@@ -42,7 +42,6 @@ from evotrainer.stages.results import (
     read_stage,
 )
 from evotrainer.stages.start import expect_evaluator, held_against, run_evidence
-from evotrainer.store.ledger import Ledger
 
 
 def gate_stage(
@@ -70,10 +69,12 @@ def gate_stage(
         return memo[arm.branch]
 
     control = tried.arm(branch_id(rnd, "control"))
-    if control.steps_trained == 0 and head.exploited is not None:
-        # Beside a segment read again the control trains no step (race.trial): that segment, trained under this
-        # harness from where the arms fork, is the harness's run the candidates are weighed against.
-        memo[control.branch] = _evidence(ctx, suite, head.exploited, head.harness)
+    if control.steps_trained == 0 and (head.exploited is not None or tried.raced == "start"):
+        # Beside a segment that carries an exploit (read again, or this round's own) the control trains no step
+        # (race.trial): that segment, trained under this harness from where the arms fork, is the harness's run the
+        # candidates are weighed against.
+        seg = head.exploited or read_stage(ctx.ledger, rnd, "train")
+        memo[control.branch] = _evidence(ctx, suite, seg, head.harness)
     ctrl_ev = evidence(control)
     # The alternative to a promotion: the control, unless a control run (the control or its replicate) carries
     # an exploit, however late in the trial it appeared; then the policy the arms forked from, which the control
@@ -149,31 +150,6 @@ def _runs(tried: TrialResult, rnd: int, j: int) -> list[ArmResult]:
     """Candidate j's runs that the trial trained: the race's, then the confirmation's."""
     arms = [tried.arm(branch_id(rnd, role, j)) for role in ("candidate", "replicate", "second_replicate")]
     return [a for a in arms if a is not None]
-
-
-def with_history(ledger: Ledger, head: Mainline, rnd: int) -> Mainline:
-    """`head` with the raced rounds before `rnd` and which of them promoted, read from the ledger's verdicts where
-    the mainline does not carry them (a run written before the run's error control, resumed by this version: its
-    raced rounds have spent part of the run's error rate, and its count goes on from them rather than from 1)."""
-    if head.raced is not None or rnd == 1:
-        return head
-    by_round: dict[int, bool] = {}
-    for v in ledger.verdicts():
-        if v["round"] < rnd:
-            by_round[v["round"]] = by_round.get(v["round"], False) or v["decision"] == "promote"
-    found = [t for t, r in enumerate(sorted(by_round), 1) if by_round[r]]
-    return head.model_copy(update={"raced": len(by_round) or None, "promoted_at": found or None})
-
-
-def round_level(section: GateSection, head: Mainline, races: bool) -> tuple[float, dict]:
-    """The level this round's candidates are tested at, and what the verdicts record of it: under
-    gate.error_control run, 1 - this raced round's share of the run's error rate (gate.round_alpha, from the
-    raced rounds before it and which of them promoted); under `round`, gate.level itself."""
-    if section.error_control == "round" or not races:
-        return section.level, {}
-    t = (head.raced or 0) + 1
-    alpha = gate.round_alpha(1.0 - section.level, t, head.promoted_at or [])
-    return 1.0 - alpha, {"raced_round": t, "run_level": section.level}
 
 
 def _verdict(

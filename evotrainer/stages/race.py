@@ -21,6 +21,7 @@ from evotrainer.diagnostics.suite import Suite
 from evotrainer.harness.harness import Harness
 from evotrainer.ids import branch_id
 from evotrainer.stages.context import RunContext, StageRecords, arm_charge
+from evotrainer.stages.level import round_level, with_history
 from evotrainer.stages.noise import bank_noise
 from evotrainer.stages.results import SEED_STRIDE, BranchRecord, Mainline, Survivor, TrialResult
 from evotrainer.stages.spend import lineage, race_allowance, spend
@@ -84,9 +85,11 @@ def trial(
     # only go unspent: the whole budget is open to the remedies (swe_short at 300k: the regrade with half the step did
     # not fit 0.6 of it after the regrade alone fell). Where none fits, the trial (and the run) ends.
     again = head.exploited is not None
+    # Beside a segment that carries an exploit no A-A arm trains: its pair would be the control, which reads only
+    # (below) or, trained, pays the exploit again (gate.aa_pair_valid).
     aa_due = (
         bool(survivors)
-        and not again
+        and not taint
         and (cfg.gate.aa_control == "round" or (cfg.gate.aa_control == "promotion" and head.aa_due))
     )
     full, confirms = per_step * steps, cfg.gate.statistic == "two_stage"
@@ -97,6 +100,13 @@ def trial(
             arms=[], abandoned=f"{why}, and the harness carries {', '.join(taint)} in its segment and its control"
         ), StageRecords()
     aa_due = aa_due and k > 0
+    # Beside a segment whose own window carries an exploit, with a remedy to race, the control trains no step either:
+    # it reads the policy the arms fork from, and the segment stands as the harness's run (gate_stage). The remedies
+    # race that read (race_reads) and the gate holds them against it wherever the harness shows the exploit
+    # (gate.comparators), so a second sample of the exploit on seeds of its own changes no decision the gate reads;
+    # on swe_short_300k it was a 20k-25k-token arm of every round 1, and on code a 40k one. Where nothing is raced the
+    # control trains: it carries the mainline on.
+    lean = bool(taint) and not again and k > 0
     n_arms = 1 + k + aa_due + (2 if k and confirms else 0)  # with the confirmation's two
     # The budget is a cap, not a share with a margin: each arm counts at what this run's trial arms cost with their
     # gate reads where that is more than the segment's steps say (swe_short seed 2 at 150k: five arms of 20k-31k
@@ -117,7 +127,7 @@ def trial(
     # a control run at any point of the trial, and the alternative a remedy must then beat is that policy, not
     # the exploit (gate.comparators); it is also what the regression guard reads the new head against.
     spec = _specs(ctx, rnd, head, start, first, marks, target, start_read=True, taint=bool(taint))
-    specs = [spec("control", "control", head.harness, train=not again)]
+    specs = [spec("control", "control", head.harness, train=not (again or lean))]
     [control] = _run(ctx, rnd, specs)
     harnesses = [s.proposal.intervention.apply(head.harness) for s in survivors[:k]]
     reads, against = race_reads(control, marks, bool(taint))
@@ -127,9 +137,9 @@ def trial(
     arms = [control, *raced]
     j = None
     if k and confirms:
-        j, note = _finalist(ctx, head, control, raced, k, kept, 3 * full, note, whole=again)
+        exploited = again or lean or control_exploits(ctx.store, suite, [control])
+        j, note = _finalist(ctx, rnd, head, control, raced, (k, kept, 3 * full), note, exploited, whole=again)
     if j is not None:
-        exploited = again or control_exploits(ctx.store, suite, [control])
         more, ran = _confirm(ctx, rnd, spec, (harnesses[j - 1], j), head.harness, suite, arms, arm, exploited)
         specs, arms = specs + more, arms + ran
     parent = head.branch if taint else seg.branch
@@ -291,22 +301,35 @@ def control_exploits(store: RolloutStore, suite: Suite, arms: list[ArmResult]) -
 
 def _finalist(
     ctx: RunContext,
+    rnd: int,
     head: Mainline,
     control: ArmResult,
     raced: list[ArmResult],
-    k: int,
-    kept: set[str],
-    confirm_tokens: int,
+    sizes: tuple[int, set[str], int],
     note: str,
+    exploited: bool,
     whole: bool = False,
 ) -> tuple[int | None, str]:
-    """The race's best, if it is worth a confirmation and the confirmation fits loop.max_trial_share (with
-    this round's other racers, which end discarded whatever the gate says, counted in)."""
+    """The race's best, if it is worth a confirmation, the confirmation could pass (gate.confirmation_power at the
+    round's level; beside an exploit it is held against the start and needs two runs that each pass), and it fits
+    loop.max_trial_share (with this round's other racers, which end discarded whatever the gate says, counted in).
+    `sizes`: the candidates raced, the mainline's lineage, the confirmation's tokens."""
+    k, kept, confirm_tokens = sizes
+    noise = bank_noise(head.noise, head.harness.version, [])
     stage1 = [None if c.stopped else Pair.of(c.outcomes, control.outcomes) for c in raced[:k]]
-    j, why = gate.finalist(stage1, bank_noise(head.noise, head.harness.version, []))
+    j, why = gate.finalist(stage1, noise)
     note = "; ".join(x for x in (note, why) if x)
     if j is None:
         return None, note
+    level, _ = round_level(ctx.cfg.gate, with_history(ctx.ledger, head, rnd), True)
+    power = gate.confirmation_power(stage1[j - 1], k, noise, level, runs=2 if exploited else 1)
+    if power < gate.CONFIRM_POWER_MIN:
+        why = (
+            f"candidate {j} is not confirmed: a confirmation would pass the round's alpha "
+            f"{1 - level:.4g} {100 * power:.0f}% of the time at its race's own effect "
+            f"(under {100 * gate.CONFIRM_POWER_MIN:.0f}%)"
+        )
+        return None, "; ".join(x for x in (note, why) if x)
     losers = sum(a.generated_tokens + a.eval_tokens for i, a in enumerate(raced, 1) if i != j)
     if not _fits(ctx, kept, paced=False, whole=whole)(0, confirm_tokens + losers):
         return None, "; ".join(x for x in (note, "the confirmation would pass loop.max_trial_share") if x)

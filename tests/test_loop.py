@@ -741,8 +741,11 @@ def test_beside_a_tainted_segment_a_raced_remedy_s_control_only_reads_the_policy
     }
     cfg = loop_config(tmp_path, loop={"max_rounds": 1, "candidates": 1, "planted": [move]})
     ctx, head = started_with(cfg, {"planted_exploit": f"{__name__}:exploit_in_segments"})
-    run_round(ctx, Narrator(quiet()), 1, head)
+    console = quiet()
+    run_round(ctx, Narrator(console), 1, head)
     ledger = ctx.ledger
+    assert f"{branch_id(1, 'control')} " in console.file.getvalue()
+    assert "(read only: the segment stands as its run)" in console.file.getvalue()
     taint = sorted({f"validity:{f.name}" for f in read_stage(ledger, 1, "diagnose").findings if f.validity})
     assert "validity:planted_exploit" in taint
     tried = read_stage(ledger, 1, "trial")

@@ -86,7 +86,10 @@ class Narrator:
             self.say(f"6 trial     abandoned: {t.abandoned}")
             return
         arms = ", ".join(
-            f"{a.branch} {a.accuracy:.3f}" + (f" (stopped at {a.last_step})" if a.stopped else "") for a in t.arms
+            f"{a.branch} {a.accuracy:.3f}"
+            + (f" (stopped at {a.last_step})" if a.stopped else "")
+            + (" (read only: the segment stands as its run)" if a.role == "control" and not a.steps_trained else "")
+            for a in t.arms
         )
         self.say(
             f"6 trial     {arms} (gate tasks)"

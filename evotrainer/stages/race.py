@@ -3,8 +3,9 @@ checkpoint, each on its own seeds; the control runs first (it carries the mainli
 and the candidates race it, evaluated on the gate tasks at checkpoints, a loser stopping where it
 cannot win (gate.futile); beside a segment that carries an exploit they race the start's read instead (race_reads).
 The race's best is then trained again on fresh seeds beside a control
-replicate (the confirmation, gate.two_stage), which is also the run's A-A measurement; beside a control that
-carries an exploit no replicate of it trains, and beside a segment read again the control only reads the start
+replicate (the confirmation, gate.two_stage), which is also the run's A-A measurement, where that confirmation could
+pass (gate.confirmation_power); beside a control that carries an exploit no replicate of it trains, and beside a
+segment that carries one (this round's, or one read again) the control only reads the start where a remedy races
 (an exploit's extra samples buy nothing the gate reads). A trial that
 cannot finish inside the budget is not started, and the candidates a round trials are cut to keep
 arms that end discarded within loop.max_trial_share, paced over the run (loop.trial_phases)."""

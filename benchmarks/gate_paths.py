@@ -3,7 +3,8 @@ arms of benchmarks/gate_simulation.py and the real arm pools of benchmarks/gate_
 
 The paths:
 - race_confirmation: the race's finalist confirmed beside a control replicate, whose pair with the control joins
-  the noise bank (gate.finalist, gate.confirmed);
+  the noise bank (gate.finalist, gate.confirmed), where the confirmation could pass (gate.confirmation_power, as
+  race._finalist asks);
 - against_start: the control and its replicate carry an exploit, so both stages are compared with the round's
   start read (gate.comparators), under the noise the run banked in an earlier round, and the finalist has a
   second confirmation run (race._second_replicate_due), each of which must pass;
@@ -53,6 +54,11 @@ def one_round(arms: Round, path: str, k: int, bank: list[Pair], alpha: float, fi
     race = [None if arms.stopped(c, control) else Pair.of(c, first) for c in cands]
     j, _ = gate.finalist(race, gate.moderated(bank))
     if j is None:
+        return False, False
+    # race._finalist confirms only where the confirmation could pass at the race's own effect
+    if gate.confirmation_power(race[j - 1], k, gate.moderated(bank), level, runs=2 if exploit else 1) < (
+        gate.CONFIRM_POWER_MIN
+    ):
         return False, False
     runs = [cands[j - 1], arms.arm(fix and j == 1)]
     if exploit:  # compared with the start: the finalist's third run (race._second_replicate_due); the control's

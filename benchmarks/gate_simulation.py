@@ -167,6 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
     ap.add_argument("--schemes", nargs="+", default=["run", "round"], choices=["run", "round"])
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="gate_simulation.json", help="the result file, under benchmarks/results/")
     a = ap.parse_args(argv)
     rows = []
     for path in a.paths:
@@ -180,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
                         f"run {r['per_run_false_promotion_rate']['rate']:.4f} power {r['power']['rate']:.3f}",
                         flush=True,
                     )
-    out = write_result(RESULTS / "gate_simulation.json", rows, indent=1, note=f"seed {a.seed}")
+    out = write_result(RESULTS / a.out, rows, indent=1, note=f"seed {a.seed}")
     print(
         markdown_table(
             ["path", "K", "phi", "control", "per round", "per run", "power"],

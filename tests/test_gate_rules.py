@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from evotrainer.backtest import gate
-from evotrainer.backtest.statistics import Pair
+from evotrainer.backtest.statistics import Noise, Pair
 from evotrainer.diagnostics.detector import Finding
 from evotrainer.harness.harness import Harness
 from evotrainer.ids import branch_id, trial_id
@@ -267,21 +267,25 @@ def test_a_candidate_run_significantly_below_the_start_is_a_finding_on_the_learn
 
 def test_a_confirmation_runs_only_where_it_could_pass_and_its_power_is_the_gates_own_pass_rate():
     """gate.confirmation_power is the rate at which confirmation runs drawn at the race's own effect (the race's
-    discordant tasks, split at its win share) pass gate.two_stage at the round's level: checked against two_stage
-    itself on drawn runs. A strong race is worth its confirmation, a weak one is not (the trial skips it), and
-    against the start two runs must each pass."""
+    discordant tasks, split at its win share) pass gate.two_stage at the round's level, under the noise model with
+    the pair the confirmation brings (one more degree of freedom): checked against two_stage itself on drawn runs. A
+    strong race is worth its confirmation, a weak one is not (the trial skips it), and against the start two runs
+    must each pass."""
     rng = np.random.default_rng(0)
     noise, level = gate.moderated([Pair(6, 4, 100)]), 1 - 0.0125
+    after = Noise(noise.phi, noise.pairs + 1, noise.dof + 1)
     for race in (Pair(22, 8, 100), Pair(18, 8, 100), Pair(40, 15, 250)):
         m, n = race.discordant, 4000
         drawn = rng.binomial(m, race.wins / m, n)
-        passed = sum(not gate.two_stage(race, Pair(int(w), m - int(w), race.n), 2, noise, level)[1] for w in drawn)
+        passed = sum(not gate.two_stage(race, Pair(int(w), m - int(w), race.n), 2, after, level)[1] for w in drawn)
         assert abs(passed / n - gate.confirmation_power(race, 2, noise, level)) < 0.03
     strong, weak = Pair(30, 5, 100), Pair(14, 8, 100)
     assert gate.confirmation_power(strong, 2, noise, level) > 0.95
     assert gate.confirmation_power(weak, 2, noise, level) < gate.CONFIRM_POWER_MIN
     assert gate.confirmation_power(Pair(8, 8, 100), 1, noise, level) == 0.0  # not ahead: nothing to confirm
-    one = gate.confirmation_power(Pair(22, 8, 100), 2, noise, level)
+    # Against the start two runs must each pass, and both bring a pair: each run's chance at two more degrees
+    # of freedom.
+    one = gate.confirmation_power(Pair(22, 8, 100), 2, after, level)
     assert 0 < gate.confirmation_power(Pair(22, 8, 100), 2, noise, level, runs=2) == pytest.approx(one**2)
     # A looser round (its level) makes the same race worth more; more candidates (the race's adjustment), less.
     assert gate.confirmation_power(Pair(18, 8, 100), 2, noise, 0.95) > gate.confirmation_power(

@@ -144,11 +144,14 @@ def confirmation_power(stage1: Pair, k: int, noise: Noise, level: float, runs: i
     CONFIRM_P_MAX, its delta above 0) if its true effect is what `stage1` read: a confirmation run on the same gate
     tasks splits as many discordant tasks binomially at the race's win share. `k`: the round's candidates (stage 1's
     adjustment); `runs`: the confirmation runs that must each pass (two against the round's start, gate.confirmed).
-    The noise model is the one the race was read under; whether it rests on a measured pair is two_stage's own
-    concern (beside an exploit the finalist's own runs measure it, which do not exist yet)."""
+    The test then stands on the pairs the confirmation brings as well, one a run (the control replicate's, or the
+    finalist's own runs' against the start, gate.finalist_noise): `noise` with as many more degrees of freedom, its
+    phi as it stands. Without them the power of a round with no pair banked yet was read at the prior's 4 degrees of
+    freedom, and a simulated +0.05 fix among four candidates lost half its power (benchmarks/RESULTS.md)."""
     m = stage1.discordant
     if not m or stage1.wins <= stage1.losses:
         return 0.0
+    noise = Noise(noise.phi, noise.pairs + runs, noise.dof + runs)
     p1 = min(1.0, k * p_value(stage1, noise))
 
     def passes(w: int) -> bool:  # two_stage's rule for a confirmation run that wins w of the m tasks

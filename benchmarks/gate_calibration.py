@@ -6,7 +6,7 @@ harness on other seeds: a candidate that changes nothing) and fix arms (the doma
 trained as the loop's trials are now (to equal tokens, read at the race's checkpoints). Rounds are resampled
 from these arms' per-task gate outcomes, each from one base, with distinct arms for the control, the K
 candidates, the finalist's replicate and the control replicate, and run through the gate's own functions on
-each path (benchmarks/gate_paths.py): the race stops losers at its checkpoints (gate.futile on the arms' own
+each path (benchmarks/gate_paths.py): the race stops losers at its checkpoints (stopping.futile on the arms' own
 reads), then gate.finalist and gate.confirmed. On the paths where the control carries an exploit the round's
 arms are compared with the start; a null there is a comparator of the arms' own mean, so another null arm of
 the same base stands in for the start's read (the real start sits below arms trained from it: a trained
@@ -45,7 +45,7 @@ from benchmarks.gate_pools import BASE_SEEDS, DOMAINS, build_all
 from benchmarks.manifest import write_result
 from benchmarks.paths import RESULTS, scratch
 from benchmarks.tables import markdown_table
-from evotrainer.backtest import gate
+from evotrainer.backtest import gate, stopping
 from evotrainer.backtest.statistics import Pair, dispersions
 
 ALPHA = 0.05  # 1 - gate.level's default
@@ -80,7 +80,7 @@ class PoolRound:
     def stopped(self, cand: dict[str, bool], control: dict[str, bool]) -> bool:
         c, x = self._curves[id(control)], self._curves[id(cand)]
         marks = sorted(c, key=int)
-        return any(gate.futile(x[m], c[m], i == 0) for i, m in enumerate(marks))
+        return any(stopping.futile(x[m], c[m], i == 0) for i, m in enumerate(marks))
 
 
 def _distinct(arms: list[dict], rng: np.random.Generator):

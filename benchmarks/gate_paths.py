@@ -28,7 +28,7 @@ Outcomes = dict[str, bool]
 class Round(Protocol):
     """The arms of one round: `start` (the read of the policy they fork from), `arm(fix)` a fresh arm's final
     gate outcomes (the fix's harness when `fix`), `stopped(cand, control)` whether the race stops that candidate
-    at one of its checkpoints (gate.futile)."""
+    at one of its checkpoints (stopping.futile)."""
 
     start: Outcomes
 

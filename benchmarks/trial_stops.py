@@ -1,7 +1,7 @@
 """Why a run's trials ended as they did, read from the ledgers of finished loop runs: each trial's change (a pair's
 both), decision, reasons, the gate tasks its candidate won and lost against the control, where the race stopped it,
 and, where the gate's test decided, its p against the round's level. Counts the candidates stopped at the race's
-first checkpoint (`backtest.gate.futile`: not strictly ahead there) and, of those, the ones that were level with the
+first checkpoint (`stopping.futile`: not strictly ahead there) and, of those, the ones that were level with the
 control on every gate task, so no read yet told them apart; and the candidates ahead of the control whose p fell
 short of their round's share of the run's error rate (the gate's power, not its candidates, bound there).
 
@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from benchmarks.manifest import write_result
-from evotrainer.backtest.gate import FIRST_CHECKPOINT
+from evotrainer.backtest.stopping import FIRST_CHECKPOINT
 from evotrainer.harness.interventions import Intervention
 from evotrainer.store.ledger import Ledger
 

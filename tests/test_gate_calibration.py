@@ -1,5 +1,5 @@
 """The gate calibration's resampling (benchmarks/gate_calibration.py) on planted pools: a round's arms are distinct,
-the race stops a candidate where gate.futile says, a planted large gain is promoted on every path and arms of one
+the race stops a candidate where stopping.futile says, a planted large gain is promoted on every path and arms of one
 harness mostly are not."""
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from conftest import small_config
-from evotrainer.backtest import gate
+from evotrainer.backtest import stopping
 from evotrainer.backtest.statistics import Pair
 from evotrainer.backtest.trial import ArmResult, ArmSpec, run_arm
 from evotrainer.diagnostics.detector import Finding, Window, finding
@@ -484,7 +484,7 @@ def test_beside_a_tainted_segment_a_remedy_races_the_start_and_stops_only_clearl
     assert sum(start.values()) > 0, "the fixture's base solves some gate tasks"
     # Barely moved, the remedy is nowhere near clearly behind the start two steps in: it runs its length.
     assert not remedy.stopped and sorted(remedy.outcomes) == sorted(start), remedy.stopped
-    assert gate.futile(remedy.checkpoint_outcomes[mark], start, True, "start") == ""
+    assert stopping.futile(remedy.checkpoint_outcomes[mark], start, True, "start") == ""
     assert race.race_reads(control, (int(mark),), True) == ({mark: start}, "start")
     clean, control, cand = _a_remedy_raced(tmp_path / "clean", [])
     assert race.race_reads(control, (int(mark),), False) == (control.checkpoint_outcomes, "control")

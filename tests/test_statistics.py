@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from evotrainer.backtest import gate
+from evotrainer.backtest import gate, stopping
 from evotrainer.backtest.statistics import Noise, Pair, bootstrap, combine, noise_of, p_value, sign_p
 
 
@@ -119,17 +119,19 @@ def test_the_race_stops_a_candidate_that_is_not_ahead_at_first_and_behind_later(
     ahead = outcomes([1] * 62 + [0] * 38)
     slightly_behind = outcomes([1] * 59 + [0] * 41)
     far_behind = outcomes([1] * 50 + [0] * 50)
-    assert gate.futile(tie, ctrl, first=True) and not gate.futile(ahead, ctrl, first=True)
+    assert stopping.futile(tie, ctrl, first=True) and not stopping.futile(ahead, ctrl, first=True)
     # Later, trailing by one task goes on (a real gain can trail for a while); by ten it stops.
-    assert not gate.futile(slightly_behind, ctrl, first=False) and not gate.futile(tie, ctrl, first=False)
-    assert "behind" in gate.futile(far_behind, ctrl, first=False)
-    assert gate.futile(far_behind, None, first=True) == ""  # the control itself never races
+    assert not stopping.futile(slightly_behind, ctrl, first=False) and not stopping.futile(tie, ctrl, first=False)
+    assert "behind" in stopping.futile(far_behind, ctrl, first=False)
+    assert stopping.futile(far_behind, None, first=True) == ""  # the control itself never races
     # Against the start (a remedy beside a segment that carries an exploit): level or a task behind goes on at the
     # first checkpoint too; only clearly behind stops, and the reason names the start.
     start = ctrl
-    assert not gate.futile(tie, start, True, "start") and not gate.futile(slightly_behind, start, True, "start")
-    assert gate.futile(far_behind, start, True, "start").startswith("behind the start")
-    assert gate.futile(far_behind, start, False, "start").startswith("behind the start")
+    assert not stopping.futile(tie, start, True, "start") and not stopping.futile(
+        slightly_behind, start, True, "start"
+    )
+    assert stopping.futile(far_behind, start, True, "start").startswith("behind the start")
+    assert stopping.futile(far_behind, start, False, "start").startswith("behind the start")
 
 
 def test_the_noise_prior_is_centred_on_measured_dispersion_not_the_binomial_floor():

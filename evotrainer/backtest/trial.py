@@ -18,7 +18,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from evotrainer.backtest.gate import futile
+from evotrainer.backtest.stopping import futile
 from evotrainer.config import RunConfig
 from evotrainer.envs.registry import make_domain
 from evotrainer.evaluation import evaluate, evaluator_hash, record_eval
@@ -58,10 +58,10 @@ class ArmSpec:
     A mark 0 reads the policy the arm forks from, before its first step."""
     race: dict[str, dict[str, bool]] | None = None
     """The control's gate outcomes at those checkpoints (by mark, as strings): the arm races it and stops at
-    the first checkpoint where gate.futile says it cannot win. None: it never stops (the control)."""
+    the first checkpoint where stopping.futile says it cannot win. None: it never stops (the control)."""
     race_against: Literal["control", "start"] = "control"
     """What `race` holds: the control's reads, or the start's at every mark (a remedy raced beside a segment that
-    carries an exploit, which stops only clearly behind it: gate.futile)."""
+    carries an exploit, which stops only clearly behind it: stopping.futile)."""
     tokens: int = 0
     """Generated tokens the arm trains to: it stops after the step that reaches them, `steps` being then a
     cap (loop.trial_unit tokens). 0: it trains `steps` steps."""

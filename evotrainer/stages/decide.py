@@ -81,11 +81,9 @@ def gate_stage(
     # read before its first step (gate.comparators).
     exploits = exploiting_controls(tried.arms, lambda a: evidence(a).findings)
     start = control.checkpoint_outcomes.get("0") if any(exploits) else None
-    against = (
-        control
-        if start is None or not exploits[0]
-        else control.model_copy(update={"outcomes": start, "last_step": control.first_step - 1})
-    )
+    against = control
+    if start is not None and exploits[0]:
+        against = control.model_copy(update={"outcomes": start, "last_step": control.first_step - 1})
     noise, measured, mainline, model, own_line = _noise_models(rnd, head, tried, survivors, evidence)
     raced = [a for a in tried.arms if a.role == "candidate"]
     level, spent = round_level(cfg.gate, with_history(ctx.ledger, head, rnd), bool(raced))

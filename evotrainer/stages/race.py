@@ -1,7 +1,7 @@
 """Stage 6, the trial: a race, then a confirmation. The control and the candidates fork from one
 checkpoint, each on its own seeds; the control runs first (it carries the mainline and never stops)
 and the candidates race it, evaluated on the gate tasks at checkpoints, a loser stopping where it
-cannot win (gate.futile); beside a segment that carries an exploit they race the start's read instead (race_reads).
+cannot win (stopping.futile); beside a segment that carries an exploit they race the start's read instead (race_reads).
 The race's best is then trained again on fresh seeds beside a control
 replicate (the confirmation, gate.two_stage), which is also the run's A-A measurement, where that confirmation could
 pass (gate.confirmation_power); beside a control that carries an exploit no replicate of it trains, and beside a
@@ -64,6 +64,26 @@ def race_size(n: int, full: int, racing: bool, aa_due: bool, confirms: bool, fit
     return k
 
 
+def _priced(ctx: RunContext, full: int, n_arms: int) -> tuple[int, TrialResult | None]:
+    """What one arm of this trial counts at, and the trial abandoned if `n_arms` of them would pass a budget cap.
+    The budget is a cap, not a share with a margin: each arm counts at what this run's trial arms cost with their
+    gate reads where that is more than the segment's steps say (swe_short seed 2 at 150k: five arms of 20k-31k
+    where the steps said 17.6k, 186k spent; swe_short_300k seed 8: a round-4 trial forecast at 52.1k of the
+    52.5k left cost 78.5k, and the run spent 328k). Beside a segment read again the confirmation is the
+    finalist's replicate and the third run it owes against the start (no control replicate), and the control,
+    which only reads, counts as one."""
+    arm = max(full, _arm_cost(ctx))
+    if cap := over_budget(ctx.cfg, ctx.ledger.spent(), Charge(arm * n_arms)):
+        # Seconds are not forecast (they depend on the machine): that cap is reached only once spent.
+        why = (
+            "spent"
+            if cap == "seconds"
+            else f"would be exceeded by {n_arms} arm(s) of {ctx.cfg.loop.trial_steps} steps"
+        )
+        return arm, TrialResult(arms=[], abandoned=f"budget.{cap} {why}", cap=cap)
+    return arm, None
+
+
 def trial(
     ctx: RunContext,
     rnd: int,
@@ -109,17 +129,9 @@ def trial(
     # control trains: it carries the mainline on.
     lean = bool(taint) and not again and k > 0
     n_arms = 1 + k + aa_due + (2 if k and confirms else 0)  # with the confirmation's two
-    # The budget is a cap, not a share with a margin: each arm counts at what this run's trial arms cost with their
-    # gate reads where that is more than the segment's steps say (swe_short seed 2 at 150k: five arms of 20k-31k
-    # where the steps said 17.6k, 186k spent; swe_short_300k seed 8: a round-4 trial forecast at 52.1k of the
-    # 52.5k left cost 78.5k, and the run spent 328k). Beside a segment read again the confirmation is the
-    # finalist's replicate and the third run it owes against the start (no control replicate), and the control,
-    # which only reads, counts as one.
-    arm = max(full, _arm_cost(ctx))
-    if cap := over_budget(cfg, ctx.ledger.spent(), Charge(arm * n_arms)):
-        # Seconds are not forecast (they depend on the machine): that cap is reached only once spent.
-        why = "spent" if cap == "seconds" else f"would be exceeded by {n_arms} arm(s) of {steps} steps"
-        return TrialResult(arms=[], abandoned=f"budget.{cap} {why}", cap=cap), StageRecords()
+    arm, over = _priced(ctx, full, n_arms)
+    if over is not None:
+        return over, StageRecords()
     # Equal spend (loop.trial_unit tokens): every arm trains to the tokens trial_steps of the segment's steps
     # generated, at most 4 x trial_steps steps, and the race reads the arms at equal fractions of them.
     target = full if cfg.loop.trial_unit == "tokens" else 0
@@ -152,7 +164,7 @@ def trial(
 
 
 def race_reads(control: ArmResult, marks: tuple[int, ...], taint: bool) -> tuple[dict[str, dict[str, bool]], str]:
-    """What the candidates race, by mark, and against what (gate.futile): the control's reads at the race's
+    """What the candidates race, by mark, and against what (stopping.futile): the control's reads at the race's
     checkpoints; beside a segment that carries an exploit (`taint`), the start's read at every mark. There the
     gate holds a remedy against the start wherever the control pays the exploit (gate.comparators), and the
     control has not shown it on the gate tasks yet three steps in: raced against it, a remedy level with the

@@ -52,13 +52,12 @@ def one_round(arms: Round, path: str, k: int, bank: list[Pair], alpha: float, fi
     first = arms.start if exploit else control
     # the race stops losers against the control's checkpoint reads, whatever the finalist is then compared with
     race = [None if arms.stopped(c, control) else Pair.of(c, first) for c in cands]
-    j, _ = gate.finalist(race, gate.moderated(bank))
+    banked = gate.moderated(bank)
+    j, _ = gate.finalist(race, banked)
     if j is None:
         return False, False
     # race._finalist confirms only where the confirmation could pass at the race's own effect
-    if gate.confirmation_power(race[j - 1], k, gate.moderated(bank), level, runs=2 if exploit else 1) < (
-        gate.CONFIRM_POWER_MIN
-    ):
+    if gate.confirmation_power(race[j - 1], k, banked, level, runs=2 if exploit else 1) < gate.CONFIRM_POWER_MIN:
         return False, False
     runs = [cands[j - 1], arms.arm(fix and j == 1)]
     if exploit:  # compared with the start: the finalist's third run (race._second_replicate_due); the control's

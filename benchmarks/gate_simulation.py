@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+from pathlib import Path
 
 import numpy as np
 from scipy import stats
@@ -169,6 +170,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="gate_simulation.json", help="the result file, under benchmarks/results/")
     a = ap.parse_args(argv)
+    if Path(a.out).name != a.out or not a.out.endswith(".json"):  # checked before the minutes of simulation
+        ap.error(f"--out {a.out!r}: give a file name ending in .json (it is written under benchmarks/results/)")
     rows = []
     for path in a.paths:
         for k in a.ks:

@@ -153,6 +153,18 @@ def test_every_benchmark_runs_as_a_module_and_answers_help(name, capsys):
     assert f"python -m benchmarks.{name}" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("out", ["../elsewhere.json", "sub/sim.json", "sim"])
+def test_gate_simulation_refuses_an_out_that_is_not_a_json_file_name_before_it_simulates(out, capsys):
+    from benchmarks import gate_simulation
+
+    before = sorted(gate_simulation.RESULTS.parent.rglob("*.json"))
+    with pytest.raises(SystemExit) as done:
+        gate_simulation.main(["--out", out, "--rounds", "1", "--runs", "1"])
+    assert done.value.code == 2
+    assert f"--out {out!r}: give a file name ending in .json" in capsys.readouterr().err
+    assert sorted(gate_simulation.RESULTS.parent.rglob("*.json")) == before  # nothing written
+
+
 def test_benchmarks_is_a_package_without_path_hacks_in_small_files():
     for path in sorted(BENCH.rglob("*.py")):
         text = path.read_text()

@@ -279,6 +279,14 @@ def test_a_confirmation_runs_only_where_it_could_pass_and_its_power_is_the_gates
         drawn = rng.binomial(m, race.wins / m, n)
         passed = sum(not gate.two_stage(race, Pair(int(w), m - int(w), race.n), 2, after, level)[1] for w in drawn)
         assert abs(passed / n - gate.confirmation_power(race, 2, noise, level)) < 0.03
+    # With no pair banked yet (the prior alone) the test stands on the pair the confirmation brings: a 13-2 race
+    # (swe_short_300k seed 8's round 1) is worth its confirmation, at the rate two_stage passes such runs.
+    prior, race = gate.moderated([]), Pair(13, 2, 100)
+    first = Noise(prior.phi, prior.pairs + 1, prior.dof + 1)
+    drawn = rng.binomial(race.discordant, race.wins / race.discordant, 4000)
+    passed = sum(not gate.two_stage(race, Pair(int(w), 15 - int(w), 100), 2, first, level)[1] for w in drawn)
+    assert gate.confirmation_power(race, 2, prior, level) > 0.5
+    assert abs(passed / 4000 - gate.confirmation_power(race, 2, prior, level)) < 0.03
     strong, weak = Pair(30, 5, 100), Pair(14, 8, 100)
     assert gate.confirmation_power(strong, 2, noise, level) > 0.95
     assert gate.confirmation_power(weak, 2, noise, level) < gate.CONFIRM_POWER_MIN

@@ -669,7 +669,9 @@ def test_a_valid_remedy_for_the_controls_exploit_repairs_the_mainline_harness(tm
     (gate.repair): round 2 trains under it on a window the suite finds clean. (An unrelated move leaves the
     rollback as it was: the rules' test.) The temperature is high so that some completions miss the format on
     every machine: where a base formatted every rollout (an AMX Xeon's kernels), `format` was constant within each
-    group, the replay found the remedy moved no advantage and dropped it, and nothing was left to repair with."""
+    group, the replay found the remedy moved no advantage and dropped it, and nothing was left to repair with.
+    128 prompts a step: the candidate's reward rise is held against the 3-step segment's (the control only reads),
+    and at 32 their difference, sampling noise alone, crossed gate.REWARD_RISE under AVX2 kernels (0.108)."""
     fix = {
         "kind": "set_reward_weight",
         "target": "reward_weights.format",
@@ -681,7 +683,7 @@ def test_a_valid_remedy_for_the_controls_exploit_repairs_the_mainline_harness(tm
         harness={
             "reward_weights": {"correct": 1.0, "format": 1.0},
             "optimizer": {"learning_rate": 1e-7},
-            "sampling": {"temperature": 1.5},
+            "sampling": {"temperature": 1.5, "prompts_per_step": 128},
         },
         loop={"max_rounds": 2, "candidates": 1, "planted": [fix]},
     )

@@ -399,10 +399,13 @@ def test_a_finalist_is_confirmed_beside_a_control_replicate_and_promoted(tmp_pat
     assert s["test"] == "two_stage" and s["delta"] == s["stage2"]["delta"] == line.delta > 0
     assert s["delta"] == pytest.approx(roles["replicate"].accuracy - roles["control_replicate"].accuracy)
     assert s["selected_delta"] == pytest.approx(roles["candidate"].accuracy - roles["control"].accuracy)
-    # The planted pair is the noise model's only informative one (the wrecked control's replicate measured
-    # nothing: no pair), phi at its floor.
+    # The planted pair is the mainline's only informative one (the wrecked control's replicate measured nothing:
+    # no pair); the finalist is tested under the noisier of that and its own two runs (gate.finalist_noise), which
+    # on some kernels spread more (phi 1.4 under ATEN_CPU_CAPABILITY=default).
     assert v["noise"]["valid"] and v["noise"]["pairs_used"] == 1
-    assert v["noise"]["phi"] == pytest.approx(gate.moderated([Pair(3, 2, 50)]).phi)
+    own = gate.moderated([Pair.of(roles["replicate"].outcomes, roles["candidate"].outcomes)])
+    model, _ = gate.finalist_noise(gate.moderated([Pair(3, 2, 50)]), own)
+    assert v["noise"]["phi"] == pytest.approx(model.phi)
     # The run's first raced round, tested at its share of the run's error rate (gate.round_alpha).
     assert s["raced_round"] == 1 and s["run_level"] == cfg.gate.level
     assert s["level"] == pytest.approx(1 - gate.round_alpha(1 - cfg.gate.level, 1, [])) and s["p"] <= 1 - s["level"]

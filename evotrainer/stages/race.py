@@ -69,9 +69,7 @@ def _priced(ctx: RunContext, full: int, n_arms: int) -> tuple[int, TrialResult |
     The budget is a cap, not a share with a margin: each arm counts at what this run's trial arms cost with their
     gate reads where that is more than the segment's steps say (swe_short seed 2 at 150k: five arms of 20k-31k
     where the steps said 17.6k, 186k spent; swe_short_300k seed 8: a round-4 trial forecast at 52.1k of the
-    52.5k left cost 78.5k, and the run spent 328k). Beside a segment read again the confirmation is the
-    finalist's replicate and the third run it owes against the start (no control replicate), and the control,
-    which only reads, counts as one."""
+    52.5k left cost 78.5k, and the run spent 328k)."""
     arm = max(full, _arm_cost(ctx))
     if cap := over_budget(ctx.cfg, ctx.ledger.spent(), Charge(arm * n_arms)):
         # Seconds are not forecast (they depend on the machine): that cap is reached only once spent.
@@ -128,7 +126,9 @@ def trial(
     # on swe_short_300k it was a 20k-25k-token arm of every round 1, and on code a 40k one. Where nothing is raced the
     # control trains: it carries the mainline on.
     lean = bool(taint) and not again and k > 0
-    n_arms = 1 + k + aa_due + (2 if k and confirms else 0)  # with the confirmation's two
+    # With the confirmation's two: beside an exploit, the finalist's replicate and the third run it owes against
+    # the start (no control replicate); a control that only reads counts as one arm all the same.
+    n_arms = 1 + k + aa_due + (2 if k and confirms else 0)
     arm, over = _priced(ctx, full, n_arms)
     if over is not None:
         return over, StageRecords()

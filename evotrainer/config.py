@@ -296,7 +296,9 @@ class LoopSection(Section):
     is gone. Binds only with budget.generated_tokens."""
     reject_expiry_steps: int = Field(60, ge=0)
     """A rejected intervention may be proposed again under the same signature once the mainline has moved
-    on: after a promotion, or this many steps (0: only after a promotion)."""
+    on: after a promotion, or this many steps (0: only after a promotion). Another run's rejection in the skill
+    library (its losses: the same domain, model and harness version) blocks the change within this many steps of
+    the step it was found at, either side."""
     planted: list[Intervention] = []
     """Interventions raced whatever the findings say, one a round from round 1, in order: each takes the
     round's first candidate slot (source `planted`) and passes the same screen, replay, race and gate as a

@@ -21,7 +21,7 @@ from evotrainer.harness.interventions import Hypothesis, Intervention, diff
 from evotrainer.loop import run_loop
 from evotrainer.proposers.heuristic import HeuristicProposer
 from evotrainer.proposers.proposer import Brief, PastTrial, intervention_key
-from evotrainer.skills.library import GLOBAL_LIBRARY, Evidence, SkillLibrary, library_dir
+from evotrainer.skills.library import GLOBAL_LIBRARY, Evidence, SkillLibrary, library_dir, model_name
 from evotrainer.stages.results import read_stage
 from evotrainer.store.ledger import Ledger
 
@@ -256,6 +256,9 @@ def test_a_second_run_proposes_the_first_runs_skill_first(tmp_path, math_setup):
                 effect=v["statistic"]["delta"],
                 domain="math",
                 signature=trial["signature"],
+                # the context the remember stage records: a win there outweighs run 1's loss of the same change
+                model=model_name(cfg("first").policy),
+                harness=next(b["harness_version"] for b in first.branches() if b["id"] == trial["control"]),
             ),
             source=trial["source"],
             create=True,

@@ -132,10 +132,12 @@ def build_brief(
     explore: float,
     step: int = 0,
     expiry: int = 0,
+    losses: list[PastTrial] | None = None,
     per_finding: int = 3,
     context: int = 4,
 ) -> Brief:
-    """`per_finding`: evidence rollouts kept per finding; `context`: extra samples of the last step."""
+    """`per_finding`: evidence rollouts kept per finding; `context`: extra samples of the last step; `losses`: other
+    runs' rejections on this harness, from the skill library (the screen blocks them as it blocks the run's own)."""
     ids: list[str] = []
     for f in findings:
         ids += [i for i in f.evidence[:per_finding] if i not in ids]
@@ -162,6 +164,7 @@ def build_brief(
         explore=explore,
         step=step,
         expiry=expiry,
+        losses=list(losses or []),
     )
     check_isolation(brief)
     return brief

@@ -440,7 +440,7 @@ class HeuristicProposer:
         ranked += two_factor[1:]
         # A move rejected under this signature since the mainline last moved is screened out (proposer.py:
         # standing), so the next rung of the same knob comes up in its place.
-        exploratory = [Proposal(iv, "explore") for iv in explore(h, brief.findings, brief.history)]
+        exploratory = [Proposal(iv, "explore") for iv in explore(h, brief.findings, [*brief.history, *brief.losses])]
         kept, _ = screen(ranked + exploratory, brief)
         n_explore = round(brief.limit * brief.explore) if exploratory else 0
         main = [p for p in kept if p.source != "explore"][: brief.limit - n_explore]

@@ -54,6 +54,7 @@ class PastTrial:
     # Findings (warning or critical) on the candidate's window that its control's did not carry: what the change
     # did besides what it was meant to (where one names another knob, proposers/pairs.py pairs the two).
     new_findings: tuple[Finding, ...] = ()
+    run: str = ""  # another run's, from the skill library's losses (Brief.losses); "" for this run's
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ class Brief:
     explore: float = 0.34  # share of candidates for knobs the run has not tried
     step: int = 0  # the mainline's step now
     expiry: int = 0  # steps after which a rejection no longer blocks (0: only a promotion lifts it)
+    losses: list[PastTrial] = field(default_factory=list)  # other runs' rejections on this harness (the library)
 
 
 @dataclass(frozen=True)
@@ -139,8 +141,10 @@ def rejected_under(t: PastTrial, h: Harness) -> bool:
 
 def standing(t: PastTrial, brief: Brief) -> bool:
     """Whether a past rejection still blocks its intervention: it expires once the mainline has moved on,
-    by a promotion (another harness) or by brief.expiry steps; the skill library keeps it as evidence."""
-    return rejected_under(t, brief.harness) and (not brief.expiry or brief.step - t.step < brief.expiry)
+    by a promotion (another harness) or by brief.expiry steps; the skill library keeps it as evidence. Another
+    run's loss (brief.losses) blocks within brief.expiry steps of where it was found, before as after: a policy
+    that far from it, trained from the same start under the same harness, is the one it was found on."""
+    return rejected_under(t, brief.harness) and (not brief.expiry or abs(brief.step - t.step) < brief.expiry)
 
 
 # An exploratory move answers no finding, so the findings of the round that rejected it say nothing about where it
@@ -151,6 +155,10 @@ def standing(t: PastTrial, brief: Brief) -> bool:
 # exploratory move. Another finding that motivates it is new evidence. An exploit's remedy is blocked only under
 # the signature it was rejected under: while the exploit stands the reward pays for it, and the remedy is worth
 # trying again when anything changes.
+def _where(run: str) -> str:
+    return "on this run" if not run else f"in run {run} (the skill library's losses, this harness and step range)"
+
+
 def _exploratory(iv: Intervention) -> bool:
     return iv.hypothesis.finding == "explore"
 
@@ -163,10 +171,12 @@ def screen(proposals: list[Proposal], brief: Brief) -> tuple[list[Proposal], lis
     kept: list[Proposal] = []
     refused: list[Refusal] = []
     seen: set[str] = set()
-    blocking = [t for t in brief.history if standing(t, brief)]
-    rejected = {(intervention_key(t.intervention), t.signature) for t in blocking}
+    blocking = [t for t in (*brief.history, *brief.losses) if standing(t, brief)]
+    rejected = {(intervention_key(t.intervention), t.signature): t.run for t in reversed(blocking)}
     exploits = {f.name for f in brief.findings if f.validity}
-    motivated = {(intervention_key(t.intervention), t.intervention.hypothesis.finding) for t in blocking}
+    motivated = {
+        (intervention_key(t.intervention), t.intervention.hypothesis.finding): t.run for t in reversed(blocking)
+    }
     for p in proposals:
         key, finding = intervention_key(p.intervention), p.intervention.hypothesis.finding
         try:
@@ -180,12 +190,13 @@ def screen(proposals: list[Proposal], brief: Brief) -> tuple[list[Proposal], lis
         elif why:
             refused.append(Refusal(p, why))
         elif (key, brief.signature) in rejected:
-            refused.append(
-                Refusal(p, f"already rejected on this run under the same signature {list(brief.signature)}")
-            )
+            where = _where(rejected[key, brief.signature])
+            refused.append(Refusal(p, f"already rejected {where} under the same signature {list(brief.signature)}"))
         elif (key, finding) in motivated and finding not in exploits:
             kind = "an exploratory move" if _exploratory(p.intervention) else f"a remedy of {finding}"
-            refused.append(Refusal(p, f"already rejected on this run as {kind} (under any signature)"))
+            refused.append(
+                Refusal(p, f"already rejected {_where(motivated[key, finding])} as {kind} (under any signature)")
+            )
         else:
             seen.add(key)
             kept.append(Proposal(bound, p.source, p.skill_id, p.note))

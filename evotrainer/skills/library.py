@@ -7,6 +7,11 @@ x3" misapplies once the knob has moved, and says nothing of where the knob shoul
 and the value it replaced), evidence (every trial that used it: run, round, decision, effect, and whether the
 trial was the skill reused) and lineage. A skill is offered first where its signature matches, in any domain;
 where the harness already holds its value it is not offered. A new skill is quarantined until it has won twice.
+
+A loss is the other half of what a project learns: every rejected trial, one JSON file per change (`r-*.json`) with
+the same evidence. A later run in the same context (domain, model, the harness version the change was tried on)
+does not pay for the same trial again while its policy is near the step the loss was found at
+(proposers.proposer.standing): on SWE every cold run spent its trial share on the same three losing moves.
 Writes are atomic (temp file, fsync, rename) under a lock file, so concurrent runs do not lose each other's
 evidence."""
 
@@ -72,6 +77,19 @@ class Evidence(BaseModel):
     """The value the intervention replaced there."""
     reused: bool = False
     """The trial's proposal was this skill, offered from the library (not found afresh)."""
+    step: int | None = None
+    """The mainline step the trial forked from (its candidate's first step); None in evidence written before it was
+    kept. A loss blocks the same change in another run only near this step (proposers.proposer.standing)."""
+
+
+class Loss(BaseModel):
+    """Every rejected trial of one change (any run, any context): what a later run need not try again there."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    intervention: Intervention
+    """The change as it was tried (unbound: its value, not the value it replaced)."""
+    evidence: list[Evidence] = Field(default_factory=list)
 
 
 class Skill(BaseModel):
@@ -304,6 +322,49 @@ class SkillLibrary:
             )
         )
         return [m for _, m in out]
+
+    def record_loss(self, iv: Intervention, ev: Evidence) -> Loss:
+        """Add a rejected trial to the loss record of its change (created on the first). The same trial twice (a
+        resumed run) changes nothing."""
+        lid = "r-" + skill_id(iv)[2:]
+        with self._locked():
+            path = self.root / f"{lid}.json"
+            loss = (
+                Loss.model_validate_json(path.read_text())
+                if path.is_file()
+                else Loss(id=lid, intervention=iv.unbound())
+            )
+            if all((e.run, e.trial) != (ev.run, ev.trial) for e in loss.evidence):
+                loss.evidence.append(ev)
+                atomic_write_text(path, loss.model_dump_json(indent=2))
+            return loss
+
+    def losses_in(
+        self, domain: str, model: str, harness: str, *, besides: str = ""
+    ) -> list[tuple[Intervention, Evidence]]:
+        """Rejected trials of other runs than `besides` (a run's own are in its ledger) in this context: the same
+        domain and model, tried on this harness version; none of a change whose skill won or repaired as many trials
+        in this context as it lost there (its standing is not negative: it is offered, not blocked). Oldest first."""
+        if not self.root.is_dir():
+            return []
+        out = []
+        for p in sorted(self.root.glob("r-*.json")):
+            try:
+                loss = Loss.model_validate_json(p.read_text())
+            except ValidationError as e:
+                raise ConfigError(
+                    f"loss file {p} is not a valid loss record ({e.error_count()} errors); remove it"
+                ) from None
+            here = [e for e in loss.evidence if (e.domain, e.model, e.harness) == (domain, model, harness)]
+            skill = self.root / f"k-{loss.id[2:]}.json"
+            won = (
+                Skill.model_validate_json(skill.read_text()).evidence_in(domain, model, harness)
+                if skill.is_file()
+                else []
+            )
+            if len(here) > sum(e.decision in FOR for e in won):
+                out += [(loss.intervention, e) for e in here if e.run != besides]
+        return out
 
     def adoptable(self, domain: str, model: str, h: Harness) -> Skill | None:
         """The skill a run starting under harness h adopts without a trial (loop.adopt_skills), if any: one that

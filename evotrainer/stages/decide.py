@@ -19,6 +19,7 @@ from evotrainer.backtest.verdict import (
     VerdictBudget,
     VerdictRecord,
     pair_figures,
+    read_trials,
 )
 from evotrainer.diagnostics.detector import Finding
 from evotrainer.diagnostics.suite import Suite
@@ -415,9 +416,13 @@ def remember(
     """Every verdict becomes evidence for (or against) a skill, with the context it was tried in (the domain, the
     model, `harness`: the version the interventions were applied to, and the value each replaced); a promotion
     creates one (quarantined), and so does a repair (`promoted.repaired`: the rejected remedy whose harness the
-    mainline took in place of one that pays an exploit), recorded as `repair`: neither a win nor a loss. A round
-    rolled back under the harness the run adopted counts against the adopted skills (start.held_against)."""
+    mainline took in place of one that pays an exploit), recorded as `repair`: neither a win nor a loss. A rejection
+    is also kept as a loss of its change (SkillLibrary.record_loss), so that a later run in this context need not
+    try it again. A round rolled back under the harness the run adopted counts against the adopted skills
+    (start.held_against)."""
     touched, repaired = [], promoted.repaired
+    branches = {b["id"]: b for b in ctx.ledger.branches()}
+    forked = {t.id: branches.get(t.candidate, {}).get("first_step") for t in read_trials(ctx.ledger)}
 
     def note(s: Skill, trial: str) -> dict[str, Any]:
         return {"skill": s.id, "trial": trial, "wins": s.wins, "losses": s.losses, "quarantined": s.quarantined}
@@ -426,8 +431,11 @@ def remember(
         p = survivor.proposal
         decision = "repair" if repaired is not None and repaired.trial == v.trial else v.decision
         ev = run_evidence(ctx.cfg, round=rnd, trial=v.trial, decision=decision, effect=v.delta, signature=list(sig),
-                          harness=harness, before=p.intervention.before, reused=p.skill_id is not None)  # fmt: skip
+                          harness=harness, before=p.intervention.before, reused=p.skill_id is not None,
+                          step=forked.get(v.trial))  # fmt: skip
         s = ctx.skills.record(p.intervention, ev, source=p.source, create=decision in FOR, sid=p.skill_id)
+        if decision == "reject":
+            ctx.skills.record_loss(p.intervention, ev)
         if s is not None:
             touched.append(note(s, v.trial))
     # A loss held against an adoption: the round rolled back under the harness it made.

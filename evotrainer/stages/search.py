@@ -11,7 +11,15 @@ from evotrainer.envs.domains import variants_of
 from evotrainer.harness.harness import Harness
 from evotrainer.proposers.brief import build_brief
 from evotrainer.proposers.hedges import hedge
-from evotrainer.proposers.proposer import Brief, Proposal, Refusal, intervention_key, screen, signature
+from evotrainer.proposers.proposer import (
+    Brief,
+    PastTrial,
+    Proposal,
+    Refusal,
+    intervention_key,
+    screen,
+    signature,
+)
 from evotrainer.skills.library import model_name
 from evotrainer.stages.context import RunContext, StageRecords
 from evotrainer.stages.evidence import past_verdicts
@@ -60,6 +68,7 @@ def propose(
         explore=cfg.loop.explore,
         step=seg_window[1],
         expiry=cfg.loop.reject_expiry_steps,
+        losses=library_losses(ctx, harness),
     )
     out = ctx.proposer.propose(brief)
     planted = [Proposal(iv, "planted", note="loop.planted") for iv in cfg.loop.planted[rnd - 1 : rnd]]
@@ -85,6 +94,18 @@ def propose(
         suite=new_suite,
         detectors=admitted,
     ), StageRecords(charges=out.charges)
+
+
+def library_losses(ctx: RunContext, harness: Harness) -> list[PastTrial]:
+    """Other runs' rejected trials on this harness version, in this domain and model, as the screen reads a past
+    trial (a loss without the step it forked from cannot be placed, and blocks nothing)."""
+    cfg = ctx.cfg
+    found = ctx.skills.losses_in(cfg.env.domain, model_name(cfg.policy), harness.version, besides=cfg.run.name)
+    return [
+        PastTrial(0, iv, tuple(e.signature), "reject", (f"{e.run}/{e.trial}",), e.effect, e.harness, e.step, run=e.run)
+        for iv, e in found
+        if e.step is not None
+    ]
 
 
 def _hedged(

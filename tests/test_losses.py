@@ -1,0 +1,97 @@
+"""The skill library's losses: a trial one run rejected is not paid for again by a later run in the same context (the
+domain, the model, the harness version it was tried on) near the step it was found at."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from conftest import small_config
+from evotrainer.harness.harness import Harness
+from evotrainer.harness.interventions import Hypothesis, Intervention
+from evotrainer.loop import run_loop
+from evotrainer.proposers.proposer import Brief, PastTrial, Proposal, intervention_key, screen
+from evotrainer.skills.library import Evidence, SkillLibrary, model_name
+from evotrainer.stages.results import read_stage
+from evotrainer.store.ledger import Ledger
+
+# A learning rate 2,000 times the test model's: the candidate's policy collapses and the gate rejects it.
+WRECK = {
+    "kind": "set_knob",
+    "target": "optimizer.learning_rate",
+    "value": 0.1,
+    "hypothesis": {"finding": "plateau", "signal": "heldout/accuracy", "direction": "up"},
+}
+
+
+def test_a_second_run_does_not_race_what_the_first_rejected_on_the_same_harness(tmp_path, math_setup):
+    """Two real loop runs sharing a library, the same seed and harness. Run 1 races the planted wreck and rejects
+    it; the remember stage keeps the loss with its context and the step it forked from. Run 2 proposes the same
+    change in round 1; the screen refuses it, naming run 1, and races something else."""
+
+    def cfg(name: str):
+        loop = {"segment_steps": 3, "trial_steps": 3, "candidates": 1, "max_rounds": 1, "max_trial_share": 1.0}
+        loop |= {"skills_dir": str(tmp_path / "skills"), "planted": [WRECK]}
+        return small_config(tmp_path, run={"name": name, "out_dir": str(tmp_path / "runs"), "seed": 0}, loop=loop)
+
+    run_loop(cfg("first"), Console(file=io.StringIO()))
+    first = Ledger(tmp_path / "runs" / "first" / "ledger.sqlite")
+    [trial] = first.trials()
+    assert trial["source"] == "planted"
+    assert next(v for v in first.verdicts() if v["trial"] == trial["id"])["decision"] == "reject"
+    branches = {b["id"]: b for b in first.branches()}
+    harness = branches[trial["control"]]["harness_version"]
+    lib = SkillLibrary(tmp_path / "skills")
+    [(iv, ev)] = lib.losses_in("math", model_name(cfg("first").policy), harness)
+    assert intervention_key(iv) == intervention_key(Intervention.model_validate(WRECK))
+    assert (ev.run, ev.trial, ev.step) == ("first", trial["id"], branches[trial["candidate"]]["first_step"])
+    assert not lib.losses_in("math", model_name(cfg("first").policy), harness, besides="first")
+    assert not lib.losses_in("math", "another-model", harness)
+
+    run_loop(cfg("second"), Console(file=io.StringIO()))
+    second = Ledger(tmp_path / "runs" / "second" / "ledger.sqlite")
+    proposed = read_stage(second, 1, "propose")
+    refused = [r for r in proposed.refused if r["proposal"]["source"] == "planted"]
+    assert len(refused) == 1 and "already rejected in run first" in refused[0]["reason"]
+    assert all(t["source"] != "planted" for t in second.trials())
+    assert all(intervention_key(Intervention.model_validate(t["intervention"])) != intervention_key(iv)
+               for t in second.trials())  # fmt: skip
+
+
+def _loss(step: int, harness: Harness, run: str = "other") -> PastTrial:
+    iv = Intervention(kind="set_knob", target="sampling.temperature", value=1.3,
+                      hypothesis=Hypothesis(finding="explore", signal="heldout/accuracy", direction="up"))  # fmt: skip
+    return PastTrial(0, iv, ("plateau",), "reject", (), -0.05, harness.version, step, run=run)
+
+
+def test_another_runs_loss_blocks_only_on_its_harness_and_within_the_expiry_either_side():
+    h = Harness()
+    moved = Harness(sampling={**h.sampling.model_dump(), "temperature": 0.9})
+    proposal = Proposal(_loss(0, h).intervention, "explore")
+
+    def refused(step: int, loss: PastTrial, harness: Harness = h) -> list[str]:
+        brief = Brief(run="r", round=1, domain="math", harness=harness, findings=[], signature=("plateau",),
+                      step=step, expiry=60, losses=[loss])  # fmt: skip
+        return [r.reason for r in screen([proposal], brief)[1]]
+
+    assert refused(30, _loss(80, h)) and "in run other" in refused(30, _loss(80, h))[0]  # found later: near enough
+    assert refused(130, _loss(80, h))
+    assert not refused(141, _loss(80, h)) and not refused(19, _loss(80, h))  # 61 steps away either side
+    assert not refused(80, _loss(80, moved), h)  # tried on another harness version: says nothing of this one
+
+
+def test_a_change_whose_skill_won_here_as_often_as_it_lost_is_offered_not_blocked(tmp_path):
+    lib = SkillLibrary(tmp_path)
+    iv = _loss(0, Harness()).intervention
+    ctx = {"domain": "math", "model": "tiny", "harness": "h-1", "signature": ["plateau"], "step": 5}
+    lib.record_loss(iv, Evidence(run="a", round=1, trial="r01-t1", decision="reject", **ctx))
+    lib.record_loss(iv, Evidence(run="a", round=1, trial="r01-t1", decision="reject", **ctx))  # a resumed run
+    assert len(lib.losses_in("math", "tiny", "h-1")) == 1
+    lib.record(
+        iv, Evidence(run="b", round=1, trial="r01-t1", decision="promote", **ctx), source="explore", create=True
+    )
+    assert lib.losses_in("math", "tiny", "h-1") == []
+    lib.record_loss(iv, Evidence(run="c", round=2, trial="r02-t1", decision="reject", **ctx))
+    assert [e.run for _, e in lib.losses_in("math", "tiny", "h-1")] == ["a", "c"]
+    assert lib.all()[0].id.removeprefix("k-") == next(tmp_path.glob("r-*.json")).stem.removeprefix("r-")

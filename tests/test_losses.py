@@ -4,6 +4,7 @@ domain, the model, the harness version it was tried on) near the step it was fou
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 
 from rich.console import Console
 
@@ -11,6 +12,7 @@ from conftest import small_config
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.interventions import Hypothesis, Intervention
 from evotrainer.loop import run_loop
+from evotrainer.proposers.llm_prompt import render
 from evotrainer.proposers.proposer import Brief, PastTrial, Proposal, intervention_key, screen
 from evotrainer.skills.library import Evidence, SkillLibrary, model_name
 from evotrainer.stages.results import read_stage
@@ -95,3 +97,12 @@ def test_a_change_whose_skill_won_here_as_often_as_it_lost_is_offered_not_blocke
     lib.record_loss(iv, Evidence(run="c", round=2, trial="r02-t1", decision="reject", **ctx))
     assert [e.run for _, e in lib.losses_in("math", "tiny", "h-1")] == ["a", "c"]
     assert lib.all()[0].id.removeprefix("k-") == next(tmp_path.glob("r-*.json")).stem.removeprefix("r-")
+
+
+def test_an_llm_proposer_is_told_what_earlier_runs_lost_here():
+    h = Harness()
+    brief = Brief(run="r", round=1, domain="math", harness=h, findings=[], signature=("plateau",), step=30,
+                  expiry=60, losses=[_loss(80, h)])  # fmt: skip
+    text = " ".join(render(brief, 20_000).text.split())
+    assert "sampling.temperature" in text and "in run other at step 80, effect -0.050" in text
+    assert "in run other" not in " ".join(render(replace(brief, losses=[]), 20_000).text.split())

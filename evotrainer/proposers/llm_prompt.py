@@ -269,10 +269,16 @@ def _trial_lines(brief: Brief) -> list[str]:
 
 
 def _skill_lines(brief: Brief) -> list[str]:
-    """The skills section: skills from earlier runs whose signature matches, with their record."""
+    """The skills section: skills from earlier runs whose signature matches, with their record; then the changes
+    earlier runs lost on this very harness near this step (the screen refuses them)."""
     out = ["## Skills from earlier runs whose signature matches"]
     if not brief.skills:
         out.append("None.")
+    if brief.losses:
+        out.append("Rejected by earlier runs on this harness, near this step (proposing them again is refused):")
+    for t in brief.losses:
+        eff = f"{t.effect:+.3f}" if t.effect is not None else "n/a"
+        out.append(f"- {t.intervention.describe()} in run {t.run} at step {t.step}, effect {eff}")
     for s in brief.skills:
         out.append(
             f"- {s.skill_id}: {s.intervention.describe()} (signature {list(s.signature)}, "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 from dataclasses import replace
 
+import pytest
 from rich.console import Console
 
 from conftest import small_config
@@ -106,3 +107,32 @@ def test_an_llm_proposer_is_told_what_earlier_runs_lost_here():
     text = " ".join(render(brief, 20_000).text.split())
     assert "sampling.temperature" in text and "in run other at step 80, effect -0.050" in text
     assert "in run other" not in " ".join(render(replace(brief, losses=[]), 20_000).text.split())
+
+
+def test_a_projects_libraries_merge_into_one_skills_and_losses_and_merging_twice_changes_nothing(tmp_path):
+    iv = _loss(0, Harness()).intervention
+    win = iv.model_copy(update={"value": 0.7})
+    ctx = {"domain": "math", "model": "tiny", "harness": "h-1", "signature": ["plateau"], "step": 5}
+    a, b, into = SkillLibrary(tmp_path / "a"), SkillLibrary(tmp_path / "b"), SkillLibrary(tmp_path / "into")
+    for run, lib in (("a", a), ("b", b)):
+        lib.record(
+            win, Evidence(run=run, round=1, trial="r01-t1", decision="promote", **ctx), source="explore", create=True
+        )
+        lib.record_loss(iv, Evidence(run=run, round=2, trial="r02-t1", decision="reject", **ctx))
+    for _ in range(2):
+        assert into.merge(a) == 2 and into.merge(b) == 2
+    [skill] = into.all()
+    assert sorted(e.run for e in skill.evidence) == ["a", "b"] and skill.wins == 2 and not skill.quarantined
+    assert sorted(e.run for _, e in into.losses_in("math", "tiny", "h-1")) == ["a", "b"]
+    assert into.merge(SkillLibrary(tmp_path / "none")) == 0
+
+
+def test_the_claims_project_arm_refuses_a_seed_whose_run_makes_its_library(capsys):
+    from benchmarks.claims.__main__ import parse
+
+    with pytest.raises(SystemExit) as done:
+        parse(["cell", "swe_short_300k", "loop_default_project", "2"])
+    assert (
+        done.value.code == 2 and "the cold runs of seeds [1, 2, 3]: run it at another seed" in capsys.readouterr().err
+    )
+    assert parse(["cell", "swe_short_300k", "loop_default_project", "4"])[0].args[2] == "4"

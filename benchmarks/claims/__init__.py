@@ -11,6 +11,9 @@ gate evaluations all count against it; a static arm spends all of it on training
 - loop_default_across: the same with the library the source domain's loop_default left at the same seed
   (arms.ACROSS_FROM: code's from swe_short_300k's, and back) and loop.adopt_skills `across` (a regrade learned
   there is adopted as the term it plays here) (skills that cross domains);
+- loop_default_project: loop_default_warm at a seed outside arms.PROJECT_SEEDS, its library the cold runs of those
+  seeds merged, skills and losses (a project's earlier runs: what they won is adopted, what they lost on the same
+  harness is not raced again near the step it lost at) (skills, as a project accumulates them);
 - planted: a three-round loop from the default with invalid interventions planted, one a round;
 - base: the warm-started policy untrained, for scale.
 

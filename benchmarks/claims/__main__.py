@@ -11,7 +11,7 @@ import yaml
 
 from benchmarks.claims import __doc__ as about
 from benchmarks.claims.aggregate import table, write_claims
-from benchmarks.claims.arms import ACROSS_FROM, ARMS, DOMAINS, SEEDS
+from benchmarks.claims.arms import ACROSS_FROM, ARMS, DOMAINS, PROJECT_SEEDS, SEEDS
 from benchmarks.claims.cells import CELLS, run_cell
 from benchmarks.claims.sweep import sweep
 from benchmarks.paths import scratch
@@ -41,6 +41,10 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, dict]:
         )
     if a.command == "cell" and a.args[1] == "loop_default_across" and a.args[0] not in ACROSS_FROM:
         ap.error(f"loop_default_across has a source library for {sorted(ACROSS_FROM)} only (got {a.args[0]})")
+    if a.command == "cell" and a.args[1] == "loop_default_project" and int(a.args[2]) in PROJECT_SEEDS:
+        ap.error(
+            f"loop_default_project's library is the cold runs of seeds {list(PROJECT_SEEDS)}: run it at another seed"
+        )
     if a.command == "sweep" and not (len(a.args) == 1 and a.args[0] in DOMAINS):
         ap.error(f"sweep takes one DOMAIN, one of {list(DOMAINS)}, e.g. `sweep code --lr 0 1e-4` (got {a.args})")
     if any("=" not in s for s in a.sets):
@@ -59,6 +63,8 @@ def main(argv: list[str] | None = None) -> None:
                 for arm in a.arms:
                     if arm == "loop_default_across" and domain not in ACROSS_FROM:
                         continue  # no other domain's library is defined for it
+                    if arm == "loop_default_project" and seed in PROJECT_SEEDS:
+                        continue  # its library is these seeds' cold runs
                     run_cell(domain, arm, seed, a.work, sets, a.cells)
         print(json.dumps(write_claims(a.cells, out), indent=1))
     elif a.command == "aggregate":

@@ -23,7 +23,7 @@ from benchmarks.intervals import PairedInterval, SeedT, paired_interval
 from benchmarks.manifest import results_in, write_result
 from benchmarks.tables import markdown_table, mean_and_seeds
 
-WARM_ARMS = ("loop_default_warm", "loop_default_across")
+WARM_ARMS = ("loop_default_warm", "loop_default_across", "loop_default_project")
 
 Key = tuple[str, str, int]
 
@@ -92,7 +92,7 @@ def skills(by: dict[Key, Cell]) -> Skills | None:
         warm_tokens=sum(p.warm_tokens for p in reached) if len(reached) == len(pairs) else None,
         pairs=pairs,
         warm_vs_cold={
-            d + ("" if a == "loop_default_warm" else " (across)"): paired_interval(
+            d + {"loop_default_warm": "", "loop_default_across": " (across)"}.get(a, " (project)"): paired_interval(
                 [h.outcomes for _, h in both], [c.outcomes for c, _ in both]
             )
             for d, a in sorted({(c.domain, h.arm) for c, h in warm})

@@ -36,11 +36,15 @@ ARMS = (
     "loop_reference",
     "loop_default_warm",
     "loop_default_across",
+    "loop_default_project",
     "planted",
     "base",
 )
 ACROSS_FROM = {"code": "swe_short_300k", "swe_short_300k": "code"}
 """loop_default_across: the domain whose cold loop_default run (the same seed) leaves the library it starts with."""
+PROJECT_SEEDS = (1, 2, 3)
+"""loop_default_project: started as loop_default_warm is, under the libraries the cold loop_default runs of these
+seeds left, merged (a project's earlier runs: their skills and their losses), at a seed not among them."""
 MAIN_ARMS = ARMS[:4]  # the arms every compared seed must have
 # `base`: the warm-started policy itself, untrained, read on the same tasks: whether RL helped at all.
 PLANTED_ROUNDS = 3
@@ -172,7 +176,7 @@ def arm_overrides(domain: str, arm: str, seed: int, work: Path, sets: dict) -> d
     over["loop.skills_dir"] = str(work / "skills" / name)
     if arm.startswith("loop"):  # the skills read reads every round's head, which the guard may leave off the lineage
         over["run.keep_checkpoints"] = "all"  # (lineage retention then deletes it: swe_short_300k seed 1, 0489d22)
-    if arm == "loop_default_warm":  # the library's proven remedies are started under, not tried again
+    if arm in ("loop_default_warm", "loop_default_project"):  # the library's proven remedies are started under
         over["loop.adopt_skills"] = True
     if arm == "loop_default_across":  # and a regrade learned in another domain, mapped onto this one's term
         over["loop.adopt_skills"] = "across"

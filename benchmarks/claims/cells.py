@@ -6,7 +6,15 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from benchmarks.claims.arms import ACROSS_FROM, DOMAIN_SETS, READ_TASKS, arm_config, config_file, read_tasks
+from benchmarks.claims.arms import (
+    ACROSS_FROM,
+    DOMAIN_SETS,
+    PROJECT_SEEDS,
+    READ_TASKS,
+    arm_config,
+    config_file,
+    read_tasks,
+)
 from benchmarks.claims.records import Cell, cell_name, read_cell
 from benchmarks.claims.runners import loop_arm, static_arm
 from benchmarks.manifest import write_result
@@ -16,8 +24,20 @@ from evotrainer.evaluation import evaluate
 from evotrainer.policies.hf import HFPolicy
 
 CELLS = RESULTS / "claims"
-SKILLS_READ = ("loop_default", "loop_default_warm", "loop_default_across")
+SKILLS_READ = ("loop_default", "loop_default_warm", "loop_default_across", "loop_default_project")
 """The arms whose every round's mainline is read on the cell's tasks (tokens to reach the cold run's final read)."""
+
+
+def libraries(domain: str, arm: str, seed: int, work: Path, sets: dict, cells: Path) -> list[Path]:
+    """The libraries a warm arm starts with, each a cold loop_default run's (run first where not finished): the same
+    seed's (warm), another domain's at the same seed (across), or PROJECT_SEEDS' merged (project)."""
+    if arm not in ("loop_default_warm", "loop_default_across", "loop_default_project"):
+        return []
+    source = ACROSS_FROM[domain] if arm == "loop_default_across" else domain
+    seeds = PROJECT_SEEDS if arm == "loop_default_project" else (seed,)
+    for s in seeds:
+        run_cell(source, "loop_default", s, work, sets, cells)
+    return [Path(arm_config(source, "loop_default", s, work, sets).loop.skills_dir) for s in seeds]
 
 
 def run_cell(domain: str, arm: str, seed: int, work: Path, sets: dict, cells: Path = CELLS) -> Cell:
@@ -29,13 +49,7 @@ def run_cell(domain: str, arm: str, seed: int, work: Path, sets: dict, cells: Pa
     if arm.startswith("static") or arm == "base":
         res = static_arm(cfg, 0 if arm == "base" else cfg.budget.generated_tokens)
     else:
-        warm = None
-        if arm in ("loop_default_warm", "loop_default_across"):  # the library a cold run left, copied
-            source = domain if arm == "loop_default_warm" else ACROSS_FROM[domain]
-            cold = arm_config(source, "loop_default", seed, work, sets)
-            run_cell(source, "loop_default", seed, work, sets, cells)
-            warm = cold.loop.skills_dir
-        res = loop_arm(cfg, warm)
+        res = loop_arm(cfg, libraries(domain, arm, seed, work, sets, cells))
     tasks = read_tasks(cfg, READ_TASKS[domain])
     ev = evaluate(HFPolicy.load(res["checkpoint"]), make_domain(cfg), tasks, cfg.eval)
     seconds = time.perf_counter() - t0  # the arm and its read; the skills read below is not counted

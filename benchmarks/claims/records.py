@@ -137,7 +137,8 @@ class SkillPair(BaseModel):
     warm_final: float | None = None
     """The warm run's own final accuracy (it spends the same budget)."""
     arm: str = "loop_default_warm"
-    """loop_default_warm (the cold run's own library) or loop_default_across (another domain's)."""
+    """loop_default_warm (the cold run's own library), loop_default_across (another domain's) or loop_default_project
+    (arms.PROJECT_SEEDS' cold runs', merged)."""
     library_from: str | None = None
     """For loop_default_across: the domain whose cold run left the library."""
 

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import io
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from evotrainer.config import RunConfig
 from evotrainer.envs.registry import make_domain, warm_start_key
 from evotrainer.loop import run_loop
 from evotrainer.policies import load_policy
+from evotrainer.skills.library import SkillLibrary
 from evotrainer.stages.results import (
     FinalResult,
     GuardResult,
@@ -81,11 +81,12 @@ def train_static(cfg: RunConfig, run_dir: Path, start: str, tokens: int) -> tupl
     return start, step - 1, gen
 
 
-def loop_arm(cfg: RunConfig, warm_from: str | None) -> dict[str, Any]:
+def loop_arm(cfg: RunConfig, warm_from: list[Path]) -> dict[str, Any]:
+    """A loop run, started (not resumed) with the libraries `warm_from` merged into its own."""
     run_dir = Path(cfg.run.out_dir) / cfg.run.name
     resume = (run_dir / "ledger.sqlite").exists()
-    if warm_from and not resume and Path(warm_from).exists():  # a cold run that promoted nothing left none
-        shutil.copytree(warm_from, cfg.loop.skills_dir, dirs_exist_ok=True)
+    for lib in [] if resume else warm_from:
+        SkillLibrary(cfg.loop.skills_dir).merge(SkillLibrary(lib))
     run_loop(cfg, Console(file=io.StringIO()), resume=resume)
     return read_loop(cfg)
 

@@ -411,6 +411,17 @@ class SkillLibrary:
                 best = (key, s)
         return None if best is None else (best[1], carried(best[1], *exposed))
 
+    def merge(self, other: SkillLibrary) -> int:
+        """Add another library's skills and losses to this one, evidence united by (run, trial): a project's
+        libraries gathered into one, or one run's library handed to the next. Merging twice changes nothing. Returns
+        how many records (skills and losses) it read."""
+        self._unite(other.all())
+        losses = [Loss.model_validate_json(p.read_text()) for p in sorted(other.root.glob("r-*.json"))]
+        for loss in losses:
+            for e in loss.evidence:
+                self.record_loss(loss.intervention, e)
+        return len(losses) + len(other.all())
+
     def export(self, dest: str | Path) -> int:
         skills = self.all()
         Path(dest).write_text(json.dumps([s.model_dump(mode="json") for s in skills], indent=2))
@@ -429,6 +440,11 @@ class SkillLibrary:
                 f"skills import: {src} is not a skills export ({type(e).__name__}); "
                 "create one with `evotrainer skills export FILE`"
             ) from None
+        self._unite(incoming)
+        return len(incoming)
+
+    def _unite(self, incoming: list[Skill]) -> None:
+        """Each incoming skill written here, its evidence united by (run, trial) with this library's of the same id."""
         with self._locked():
             for s in incoming:
                 path = self.root / f"{s.id}.json"
@@ -440,4 +456,3 @@ class SkillLibrary:
                     mine.signature = sorted(set(mine.signature) | set(s.signature))
                     s = mine
                 self._write(s)
-        return len(incoming)

@@ -4,6 +4,7 @@ domain, the model, the harness version it was tried on) near the step it was fou
 from __future__ import annotations
 
 import io
+import json
 from dataclasses import replace
 
 import pytest
@@ -136,3 +137,23 @@ def test_the_claims_project_arm_refuses_a_seed_whose_run_makes_its_library(capsy
         done.value.code == 2 and "the cold runs of seeds [1, 2, 3]: run it at another seed" in capsys.readouterr().err
     )
     assert parse(["cell", "swe_short_300k", "loop_default_project", "4"])[0].args[2] == "4"
+
+
+def test_the_cli_lists_a_librarys_losses_and_imports_another_librarys_directory(tmp_path):
+    from typer.testing import CliRunner
+
+    from evotrainer.cli.main import app
+
+    iv = _loss(0, Harness()).intervention
+    ctx = {"domain": "swe", "model": "tiny", "harness": "h-1", "signature": ["plateau"], "step": 21}
+    SkillLibrary(tmp_path / "a").record_loss(iv, Evidence(run="a", round=2, trial="r02-t1", decision="reject", **ctx))
+    runner = CliRunner()
+    [listed] = json.loads(runner.invoke(app, ["skills", "losses", "--dir", str(tmp_path / "a"), "--json"]).stdout)
+    assert listed["intervention"]["target"] == "sampling.temperature" and listed["evidence"][0]["step"] == 21
+    table = " ".join(
+        runner.invoke(app, ["skills", "losses", "--dir", str(tmp_path / "a")], terminal_width=300).stdout.split()
+    )
+    assert "a / r02-t1" in table and "h-1" in table and "21" in table
+    done = runner.invoke(app, ["skills", "import", str(tmp_path / "a"), "--dir", str(tmp_path / "b")])
+    assert done.exit_code == 0 and "merged 1 skill and loss record(s)" in done.stdout
+    assert [e.run for _, e in SkillLibrary(tmp_path / "b").losses_in("swe", "tiny", "h-1")] == ["a"]

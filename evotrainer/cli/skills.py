@@ -1,4 +1,5 @@
-"""`evotrainer skills list|show|export|import`: a skill library (the project's, beside its runs, unless told)."""
+"""`evotrainer skills list|losses|show|export|import`: a skill library (the project's, beside its runs, unless
+told)."""
 
 from __future__ import annotations
 
@@ -88,6 +89,27 @@ def skills_list(
     console.print(t)
 
 
+@skills_app.command("losses")
+def skills_losses(
+    skills_dir: Path | None = _DIR,
+    shared: bool = _GLOBAL,
+    as_json: bool = typer.Option(False, "--json", help="A JSON array of the loss records instead of a table"),
+) -> None:
+    """List the losses: each rejected trial of a change, with its run, context and the step it forked from. A later
+    run in the same domain and model, on the same harness version, does not race the change again near that step."""
+    losses = _library(skills_dir, shared).all_losses()
+    if as_json:
+        print_json(loss.model_dump(mode="json") for loss in losses)
+        return
+    t = Table("id", "change", "run / trial", "domain", "model", "harness", "step", "effect")
+    for loss in losses:
+        for e in loss.evidence:
+            effect = f"{e.effect:+.3f}" if e.effect is not None else "-"
+            t.add_row(loss.id, loss.intervention.describe(), f"{e.run} / {e.trial}", e.domain, e.model or "-",
+                      e.harness or "-", "-" if e.step is None else str(e.step), effect)  # fmt: skip
+    console.print(t)
+
+
 @skills_app.command("show")
 def skills_show(
     skill: str = typer.Argument(..., help="Skill id (k-...)"), skills_dir: Path | None = _DIR, shared: bool = _GLOBAL
@@ -106,9 +128,14 @@ def skills_export(
 
 @skills_app.command("import")
 def skills_import(
-    src: Path = typer.Argument(..., help="A file written by `skills export`"),
+    src: Path = typer.Argument(..., help="A file written by `skills export`, or another library's directory"),
     skills_dir: Path | None = _DIR,
     shared: bool = _GLOBAL,
 ) -> None:
-    """Merge skills from an export; evidence already present is not counted twice."""
-    console.print(f"imported {_library(skills_dir, shared).import_(src)} skill(s) from {src}")
+    """Merge skills from an export, or skills and losses from another library's directory (a project's runs'
+    libraries gathered into one); evidence already present is not counted twice."""
+    lib = _library(skills_dir, shared)
+    if src.is_dir():
+        console.print(f"merged {lib.merge(SkillLibrary(src))} skill and loss record(s) from the library {src}")
+        return
+    console.print(f"imported {lib.import_(src)} skill(s) from {src}")

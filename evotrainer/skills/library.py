@@ -339,22 +339,27 @@ class SkillLibrary:
                 atomic_write_text(path, loss.model_dump_json(indent=2))
             return loss
 
+    def all_losses(self) -> list[Loss]:
+        if not self.root.is_dir():
+            return []
+        out = []
+        for p in sorted(self.root.glob("r-*.json")):
+            try:
+                out.append(Loss.model_validate_json(p.read_text()))
+            except ValidationError as e:
+                raise ConfigError(
+                    f"loss file {p} is not a valid loss record ({e.error_count()} errors); remove it"
+                ) from None
+        return out
+
     def losses_in(
         self, domain: str, model: str, harness: str, *, besides: str = ""
     ) -> list[tuple[Intervention, Evidence]]:
         """Rejected trials of other runs than `besides` (a run's own are in its ledger) in this context: the same
         domain and model, tried on this harness version; none of a change whose skill won or repaired as many trials
         in this context as it lost there (its standing is not negative: it is offered, not blocked). Oldest first."""
-        if not self.root.is_dir():
-            return []
         out = []
-        for p in sorted(self.root.glob("r-*.json")):
-            try:
-                loss = Loss.model_validate_json(p.read_text())
-            except ValidationError as e:
-                raise ConfigError(
-                    f"loss file {p} is not a valid loss record ({e.error_count()} errors); remove it"
-                ) from None
+        for loss in self.all_losses():
             here = [e for e in loss.evidence if (e.domain, e.model, e.harness) == (domain, model, harness)]
             skill = self.root / f"k-{loss.id[2:]}.json"
             won = (
@@ -416,7 +421,7 @@ class SkillLibrary:
         libraries gathered into one, or one run's library handed to the next. Merging twice changes nothing. Returns
         how many records (skills and losses) it read."""
         self._unite(other.all())
-        losses = [Loss.model_validate_json(p.read_text()) for p in sorted(other.root.glob("r-*.json"))]
+        losses = other.all_losses()
         for loss in losses:
             for e in loss.evidence:
                 self.record_loss(loss.intervention, e)

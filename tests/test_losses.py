@@ -11,6 +11,7 @@ import pytest
 from rich.console import Console
 
 from conftest import small_config
+from evotrainer.errors import UserError
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.interventions import Hypothesis, Intervention
 from evotrainer.loop import run_loop
@@ -157,3 +158,8 @@ def test_the_cli_lists_a_librarys_losses_and_imports_another_librarys_directory(
     done = runner.invoke(app, ["skills", "import", str(tmp_path / "a"), "--dir", str(tmp_path / "b")])
     assert done.exit_code == 0 and "merged 1 skill and loss record(s)" in done.stdout
     assert [e.run for _, e in SkillLibrary(tmp_path / "b").losses_in("swe", "tiny", "h-1")] == ["a"]
+    (tmp_path / "empty").mkdir()
+    wrong = runner.invoke(app, ["skills", "import", str(tmp_path / "empty"), "--dir", str(tmp_path / "b")])
+    # A UserError: the console script (cli.main.main) prints it without a traceback and exits 2.
+    assert isinstance(wrong.exception, UserError)
+    assert "holds no skills (k-*.json) or losses (r-*.json)" in str(wrong.exception)

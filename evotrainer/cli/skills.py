@@ -136,6 +136,11 @@ def skills_import(
     libraries gathered into one); evidence already present is not counted twice."""
     lib = _library(skills_dir, shared)
     if src.is_dir():
+        if not any(src.glob("[kr]-*.json")):
+            raise UserError(
+                f"skills import: {src} holds no skills (k-*.json) or losses (r-*.json); name a library's "
+                "directory, such as runs/skills, or a file written by `evotrainer skills export`"
+            )
         console.print(f"merged {lib.merge(SkillLibrary(src))} skill and loss record(s) from the library {src}")
         return
     console.print(f"imported {lib.import_(src)} skill(s) from {src}")

@@ -211,18 +211,20 @@ class SkillLibrary:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
-    def all(self) -> list[Skill]:
-        if not self.root.is_dir():
-            return []
+    def _read(self, prefix: str, model: type[Skill] | type[Loss], what: str) -> list[Any]:
+        """Every `<prefix>*.json` record here, read as `model`; one that does not parse names its file and the fix."""
         out = []
-        for p in sorted(self.root.glob("k-*.json")):
+        for p in sorted(self.root.glob(f"{prefix}*.json")) if self.root.is_dir() else []:
             try:
-                out.append(Skill.model_validate_json(p.read_text()))
+                out.append(model.model_validate_json(p.read_text()))
             except ValidationError as e:
                 raise ConfigError(
-                    f"skill file {p} is not a valid skill ({e.error_count()} errors); remove or fix it"
+                    f"{what} file {p} is not a valid {what} ({e.error_count()} errors); remove or fix it"
                 ) from None
         return out
+
+    def all(self) -> list[Skill]:
+        return self._read("k-", Skill, "skill")
 
     def get(self, sid: str) -> Skill:
         p = self.root / f"{sid}.json"
@@ -340,17 +342,7 @@ class SkillLibrary:
             return loss
 
     def all_losses(self) -> list[Loss]:
-        if not self.root.is_dir():
-            return []
-        out = []
-        for p in sorted(self.root.glob("r-*.json")):
-            try:
-                out.append(Loss.model_validate_json(p.read_text()))
-            except ValidationError as e:
-                raise ConfigError(
-                    f"loss file {p} is not a valid loss record ({e.error_count()} errors); remove it"
-                ) from None
-        return out
+        return self._read("r-", Loss, "loss record")
 
     def losses_in(
         self, domain: str, model: str, harness: str, *, besides: str = ""
@@ -358,15 +350,11 @@ class SkillLibrary:
         """Rejected trials of other runs than `besides` (a run's own are in its ledger) in this context: the same
         domain and model, tried on this harness version; none of a change whose skill won or repaired as many trials
         in this context as it lost there (its standing is not negative: it is offered, not blocked). Oldest first."""
-        out = []
+        out, skills = [], {s.id: s for s in self.all()}
         for loss in self.all_losses():
             here = [e for e in loss.evidence if (e.domain, e.model, e.harness) == (domain, model, harness)]
-            skill = self.root / f"k-{loss.id[2:]}.json"
-            won = (
-                Skill.model_validate_json(skill.read_text()).evidence_in(domain, model, harness)
-                if skill.is_file()
-                else []
-            )
+            skill = skills.get("k-" + loss.id.removeprefix("r-"))
+            won = skill.evidence_in(domain, model, harness) if skill else []
             if len(here) > sum(e.decision in FOR for e in won):
                 out += [(loss.intervention, e) for e in here if e.run != besides]
         return out
@@ -420,12 +408,12 @@ class SkillLibrary:
         """Add another library's skills and losses to this one, evidence united by (run, trial): a project's
         libraries gathered into one, or one run's library handed to the next. Merging twice changes nothing. Returns
         how many records (skills and losses) it read."""
-        self._unite(other.all())
-        losses = other.all_losses()
+        skills, losses = other.all(), other.all_losses()
+        self._unite(skills)
         for loss in losses:
             for e in loss.evidence:
                 self.record_loss(loss.intervention, e)
-        return len(losses) + len(other.all())
+        return len(skills) + len(losses)
 
     def export(self, dest: str | Path) -> int:
         skills = self.all()

@@ -286,6 +286,14 @@ class LoopSection(Section):
     round races only as many candidates as fit with the confirmation their winner would need, or none,
     and the mainline trains on. Without budget.generated_tokens there is no total to take a share of and
     it does not bind (the other budgets do)."""
+    trial_share_by_library: bool = True
+    """Scale loop.max_trial_share by what other runs' trials in this context won (the skill library's record on this
+    domain, model and harness version): by the posterior mean chance that a trial wins there under a uniform prior,
+    (won + 1) / (won + lost + 2), relative to that prior's 1/2, and never above the share. A run whose library has
+    seen every trial on its harness lose spends its tokens on the mainline instead (on swe_short_300k the warm runs
+    raced five to nine more losing moves with 21-29% of their tokens); a fresh library (the first run of a project)
+    leaves the share as set. Not applied where the mainline cannot train until a remedy wins (an exploit read
+    twice), which may spend the whole budget."""
     trial_phases: int = Field(1, ge=1, le=100)
     """Parts of the token budget over which trials spend the trial share, so the harness still evolves late in
     the run, when bottlenecks have shifted: by the end of part p, arms that end discarded (confirmations

@@ -19,6 +19,7 @@ from evotrainer.proposers.llm_prompt import render
 from evotrainer.proposers.proposer import Brief, PastTrial, Proposal, intervention_key, screen
 from evotrainer.skills.library import Evidence, SkillLibrary, model_name
 from evotrainer.stages.results import read_stage
+from evotrainer.stages.spend import library_share
 from evotrainer.store.ledger import Ledger
 
 # A learning rate 2,000 times the test model's: the candidate's policy collapses and the gate rejects it.
@@ -163,3 +164,45 @@ def test_the_cli_lists_a_librarys_losses_and_imports_another_librarys_directory(
     # A UserError: the console script (cli.main.main) prints it without a traceback and exits 2.
     assert isinstance(wrong.exception, UserError)
     assert "holds no skills (k-*.json) or losses (r-*.json)" in str(wrong.exception)
+
+
+def test_the_share_scales_by_the_chance_a_trial_wins_here_and_never_rises_past_the_users():
+    assert library_share(0.6, 0, 0) == pytest.approx(0.6)  # a fresh library: the share as set
+    assert library_share(0.6, 0, 4) == pytest.approx(0.6 * 2 / 6)  # posterior 1/6 against the prior's 1/2
+    assert library_share(0.6, 1, 12) == pytest.approx(0.6 * 2 * 2 / 15)
+    assert library_share(0.6, 3, 1) == pytest.approx(0.6)  # wins do not raise it
+    assert library_share(0.6, 0, 4) > library_share(0.6, 0, 5)
+
+
+def test_a_librarys_record_of_losing_trials_on_the_harness_lowers_a_later_runs_trial_share(tmp_path, math_setup):
+    """Three real runs sharing a library under a token budget. Run 1 races the planted wreck in round 1 and rejects
+    it. With eight more losses of other runs on that harness, run 2's share falls to 2 / 11 of what was set: its round
+    1 races nothing and says why. Run 3, the same but with loop.trial_share_by_library off, races in round 1."""
+
+    def cfg(name: str, by_library: bool = True):
+        loop = {"segment_steps": 3, "trial_steps": 3, "candidates": 1, "max_rounds": 1, "max_trial_share": 0.5}
+        loop |= {"skills_dir": str(tmp_path / "skills"), "planted": [WRECK], "trial_share_by_library": by_library}
+        run = {"name": name, "out_dir": str(tmp_path / "runs"), "seed": 0}
+        return small_config(tmp_path, run=run, loop=loop, budget={"generated_tokens": 12_000})
+
+    def ledger(name: str) -> Ledger:
+        run_loop(cfg(name, name != "third"), Console(file=io.StringIO()))
+        return Ledger(tmp_path / "runs" / name / "ledger.sqlite")
+
+    first = ledger("first")
+    [trial] = first.trials()
+    harness = {b["id"]: b for b in first.branches()}[trial["control"]]["harness_version"]
+    lib = SkillLibrary(tmp_path / "skills")
+    assert lib.record_in("math", model_name(cfg("first").policy), harness) == (0, 1)
+    assert lib.record_in("math", model_name(cfg("first").policy), harness, besides="first") == (0, 0)
+    iv, model = _loss(0, Harness()).intervention, model_name(cfg("first").policy)
+    for i in range(8):
+        ev = Evidence(run=f"earlier-{i}", round=1, trial="r01-t1", decision="reject", domain="math", model=model,
+                      harness=harness, signature=["plateau"], step=3)  # fmt: skip
+        lib.record_loss(iv.model_copy(update={"value": 1.0 + i / 10}), ev)
+    second = ledger("second")
+    assert second.trials() == []
+    note = read_stage(second, 1, "trial").note
+    assert "loop.max_trial_share 0.5 lowered to 0.0909 by the skill library" in note and "0 won, 9 lost" in note
+    third = ledger("third")
+    assert [t["round"] for t in third.trials()] == [1]

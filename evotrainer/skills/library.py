@@ -359,6 +359,18 @@ class SkillLibrary:
                 out += [(loss.intervention, e) for e in here if e.run != besides]
         return out
 
+    def record_in(self, domain: str, model: str, harness: str, *, besides: str = "") -> tuple[int, int]:
+        """Trials of other runs than `besides` in this context (the same domain and model, on this harness version):
+        how many won or repaired (a skill's evidence), and how many lost (the losses' evidence)."""
+        won = sum(
+            e.decision in FOR and e.run != besides for s in self.all() for e in s.evidence_in(domain, model, harness)
+        )
+        here = (domain, model, harness)
+        lost = sum(
+            (e.domain, e.model, e.harness) == here and e.run != besides for x in self.all_losses() for e in x.evidence
+        )
+        return won, lost
+
     def adoptable(self, domain: str, model: str, h: Harness) -> Skill | None:
         """The skill a run starting under harness h adopts without a trial (loop.adopt_skills), if any: one that
         won or repaired more trials than it lost in this very context (the same domain and model, applied to h

@@ -21,11 +21,12 @@ from evotrainer.diagnostics.detector import Finding
 from evotrainer.diagnostics.suite import Suite
 from evotrainer.harness.harness import Harness
 from evotrainer.ids import branch_id
+from evotrainer.skills.library import model_name
 from evotrainer.stages.context import RunContext, StageRecords, arm_charge
 from evotrainer.stages.level import round_level, with_history
 from evotrainer.stages.noise import bank_noise
 from evotrainer.stages.results import SEED_STRIDE, BranchRecord, Mainline, Survivor, TrialResult
-from evotrainer.stages.spend import lineage, race_allowance, spend
+from evotrainer.stages.spend import library_share, lineage, race_allowance, spend
 from evotrainer.stages.start import over_budget
 from evotrainer.store.ledger import Charge
 from evotrainer.store.rollouts import RolloutStore
@@ -112,7 +113,8 @@ def trial(
         and (cfg.gate.aa_control == "round" or (cfg.gate.aa_control == "promotion" and head.aa_due))
     )
     full, confirms = per_step * steps, cfg.gate.statistic == "two_stage"
-    k, note = _affordable(ctx, kept, len(survivors), full, aa_due, confirms, paced=not again, whole=again)
+    share = (1.0, "the token budget") if again else trial_share(ctx, head.harness)
+    k, note = _affordable(ctx, kept, len(survivors), full, aa_due, confirms, share, paced=not again)
     if again and not k:
         why = f"{note}: no remedy fits" if survivors else "no remedy is left to try"
         return TrialResult(
@@ -151,7 +153,7 @@ def trial(
     j = None
     if k and confirms:
         exploited = again or lean or control_exploits(ctx.store, suite, [control])
-        j, note = _finalist(ctx, rnd, head, control, raced, (k, kept, 3 * full), note, exploited, whole=again)
+        j, note = _finalist(ctx, rnd, head, control, raced, (k, kept, 3 * full), note, exploited, share[0])
     if j is not None:
         more, ran = _confirm(ctx, rnd, spec, (harnesses[j - 1], j), head.harness, suite, arms, arm, exploited)
         specs, arms = specs + more, arms + ran
@@ -212,6 +214,23 @@ def _arm_cost(ctx: RunContext) -> int:
     return int(rows[0]["g"] or 0) if rows else 0
 
 
+def trial_share(ctx: RunContext, harness: Harness) -> tuple[float, str]:
+    """The share of the token budget this round's discarded arms may reach (loop.max_trial_share, lowered by the
+    skill library's record of other runs' trials on this harness where loop.trial_share_by_library), and what it
+    is, in words."""
+    cfg, share = ctx.cfg, ctx.cfg.loop.max_trial_share
+    if not cfg.loop.trial_share_by_library:
+        return share, "loop.max_trial_share"
+    won, lost = ctx.skills.record_in(cfg.env.domain, model_name(cfg.policy), harness.version, besides=cfg.run.name)
+    lowered = library_share(share, won, lost)
+    if lowered >= share:
+        return share, "loop.max_trial_share"
+    return lowered, (
+        f"loop.max_trial_share {share:g} lowered to {lowered:.3g} by the skill library "
+        f"(other runs' trials on harness {harness.version}: {won} won, {lost} lost)"
+    )
+
+
 def _affordable(
     ctx: RunContext,
     kept: set[str],
@@ -219,17 +238,17 @@ def _affordable(
     full: int,
     aa_due: bool,
     confirms: bool,
+    share: tuple[float, str],
     paced: bool = True,
-    whole: bool = False,
 ) -> tuple[int, str]:
-    """How many of the round's `n` candidates race (race_size under the share, paced over the run's parts unless
-    `paced` is False; under the whole token budget where `whole`), and a note when fewer."""
+    """How many of the round's `n` candidates race (race_size under `share`, a share of the token budget and its
+    name, paced over the run's parts unless `paced` is False), and a note when fewer."""
     racing = bool(ctx.cfg.loop.race_checkpoints)
-    k = race_size(n, full, racing, aa_due, confirms, _fits(ctx, kept, paced=paced, whole=whole))
+    k = race_size(n, full, racing, aa_due, confirms, _fits(ctx, kept, share[0], paced=paced))
     if k == n:
         return k, ""
-    note = f"{k} of {n} candidate(s) within {'the token budget' if whole else 'loop.max_trial_share'}"
-    if paced and k < (whole := race_size(n, full, racing, aa_due, confirms, _fits(ctx, kept, paced=False))):
+    note = f"{k} of {n} candidate(s) within {share[1]}"
+    if paced and k < (whole := race_size(n, full, racing, aa_due, confirms, _fits(ctx, kept, share[0], paced=False))):
         note += f" as paced by loop.trial_phases={ctx.cfg.loop.trial_phases} ({whole} within the whole share)"
     return k, note
 
@@ -321,12 +340,12 @@ def _finalist(
     sizes: tuple[int, set[str], int],
     note: str,
     exploited: bool,
-    whole: bool = False,
+    share: float,
 ) -> tuple[int | None, str]:
     """The race's best, if it is worth a confirmation, the confirmation could pass (gate.confirmation_power at the
     round's level; beside an exploit it is held against the start and needs two runs that each pass), and it fits
-    loop.max_trial_share (with this round's other racers, which end discarded whatever the gate says, counted in).
-    `sizes`: the candidates raced, the mainline's lineage, the confirmation's tokens."""
+    the round's `share` of the token budget (with this round's other racers, which end discarded whatever the gate
+    says, counted in). `sizes`: the candidates raced, the mainline's lineage, the confirmation's tokens."""
     k, kept, confirm_tokens = sizes
     noise = bank_noise(head.noise, head.harness.version, [])
     stage1 = [None if c.stopped else Pair.of(c.outcomes, control.outcomes) for c in raced[:k]]
@@ -344,21 +363,20 @@ def _finalist(
         )
         return None, "; ".join(x for x in (note, why) if x)
     losers = sum(a.generated_tokens + a.eval_tokens for i, a in enumerate(raced, 1) if i != j)
-    if not _fits(ctx, kept, paced=False, whole=whole)(0, confirm_tokens + losers):
+    if not _fits(ctx, kept, share, paced=False)(0, confirm_tokens + losers):
         return None, "; ".join(x for x in (note, "the confirmation would pass loop.max_trial_share") if x)
     return j, note
 
 
-def _fits(ctx: RunContext, kept: set[str], paced: bool, whole: bool = False):
+def _fits(ctx: RunContext, kept: set[str], share: float, paced: bool):
     """`fits(race, confirm)`: whether a race of `race` more discarded tokens, with `confirm` kept back for the
-    confirmation its winner would need, keeps the arms that end discarded within loop.max_trial_share of the
-    token budget, paced over loop.trial_phases (`paced`: within the portion the run's part has reached). A
-    confirmation is checked against the whole share: the race was sized to fit it in its part, and a race that
-    cost more than its estimate (a loser that ran its length) is still confirmed rather than wasted. Without a
-    token budget there is no total to take a share of: a share of the spend so far would forbid every
-    confirmable trial in the early rounds (round 1 has spent one segment), so the share does not bind and the
-    other budgets bound the trials. `whole`: the whole token budget stands for the share (a mainline that cannot
-    train, see trial)."""
+    confirmation its winner would need, keeps the arms that end discarded within `share` of the token budget
+    (trial_share; the whole of it where the mainline cannot train, see trial), paced over loop.trial_phases
+    (`paced`: within the portion the run's part has reached). A confirmation is checked against the whole share:
+    the race was sized to fit it in its part, and a race that cost more than its estimate (a loser that ran its
+    length) is still confirmed rather than wasted. Without a token budget there is no total to take a share of: a
+    share of the spend so far would forbid every confirmable trial in the early rounds (round 1 has spent one
+    segment), so the share does not bind and the other budgets bound the trials."""
     cfg = ctx.cfg
     cap = cfg.budget.generated_tokens
 
@@ -366,7 +384,7 @@ def _fits(ctx: RunContext, kept: set[str], paced: bool, whole: bool = False):
         if not cap:
             return True
         left = race_allowance(
-            (1.0 if whole else cfg.loop.max_trial_share) * cap,
+            share * cap,
             spend(ctx.ledger, kept).tokens_discarded,
             confirm,
             ctx.ledger.spent().generated_tokens,

@@ -76,3 +76,11 @@ def race_allowance(share: float, discarded: int, reserve: int, spent: int, budge
     One part (no pacing) is the whole share at any time."""
     part = phases if spent >= budget else min(phases, spent * phases // budget + 1)
     return share * part / phases - discarded - reserve
+
+
+def library_share(share: float, won: int, lost: int) -> float:
+    """The trial share (`share`) as other runs' trials in this context leave it (loop.trial_share_by_library): what a
+    trial is worth is the chance it wins, whose posterior mean under a uniform prior is (won + 1) / (won + lost + 2);
+    the share scales by it relative to the uninformed 1/2, so an empty record leaves it as set and a record of wins
+    does not raise it past what the user allowed."""
+    return share * min(1.0, 2 * (won + 1) / (won + lost + 2))

@@ -383,9 +383,24 @@ def test_reward_audit_gap(store):
         audit=lambda s, g, i: i % 2 == 0 and g != 0,
     )
     [f] = detect(store, "reward_audit_gap")
-    assert f.validity and f.value == pytest.approx(0.25) and f.threshold == 0.1
+    # 9 steps x 4 groups x 2 rewarded rollouts audited: the bar is 10% plus 1.645 standard errors at 10% of n = 72.
+    assert f.validity and f.value == pytest.approx(0.25) and f.threshold == pytest.approx(0.1 + 1.645 * 0.3 / 72**0.5)
     assert list(f.evidence) == [rid(8, 0), rid(8, 2), rid(7, 0), rid(7, 2), rid(6, 0), rid(6, 2), rid(5, 0), rid(5, 2)]
     assert set(f.knobs) == {"reward_weights.correct", "reward_weights.format"}
+
+
+def test_reward_audit_gap_within_its_noise_of_the_bar_is_quiet(store):
+    # One rewarded rollout in 9 of 72 fails the audit (12.5%): above max_gap 10%, but 0.7 standard errors at 10% of 72
+    # audits, where 1.645 is the bar. The bare share (audit_z 0) fires; the bar does not.
+    write(
+        store,
+        reward=lambda s, g, i: 1.0 if i % 2 == 0 else 0.0,
+        rewards=lambda s, g, i: {"correct": float(i % 2 == 0), "format": 1.0},
+        audit=lambda s, g, i: i % 2 == 0 and not (g == 0 and i == 0),
+    )
+    assert detect(store, "reward_audit_gap") == []
+    [f] = detect(store, "reward_audit_gap", audit_z=0.0)
+    assert f.value == pytest.approx(9 / 72) and f.threshold == pytest.approx(0.1)
 
 
 @pytest.mark.parametrize(

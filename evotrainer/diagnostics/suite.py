@@ -67,7 +67,8 @@ CORE: dict[str, DetectorDefaults] = {
     "tool_errors": DetectorDefaults(validity.tool_errors, {"max_error_fraction": 0.2, "max_turn_cap_fraction": 0.2}),
     "infra_errors": DetectorDefaults(validity.infra_errors, {"max_fraction": 0.02, "std_threshold": 1e-6}),
     "reward_audit_gap": DetectorDefaults(
-        validity.reward_audit_gap, {"rewarded_threshold": 0.5, "max_gap": 0.1, "min_audited": 20, "min_passes": 5}
+        validity.reward_audit_gap,
+        {"rewarded_threshold": 0.5, "max_gap": 0.1, "min_audited": 20, "min_passes": 5, "audit_z": 1.645},
     ),
     "plateau": DetectorDefaults(builtin.plateau, {"min_slope": 1e-3, "min_steps": 20, "ceiling": 0.9}),
     # float32 sampling and training agree to ~1e-5 nats a token; bfloat16 weights put them ~0.03 apart.

@@ -115,7 +115,12 @@ def reward_audit_gap(w: Window) -> list[Finding]:
     audited = "SELECT count(*) FROM rollout_stats WHERE audit IS NOT NULL AND isfinite(reward) AND reward >= ?"
     n = w.scalar(audited, [t])
     bad = w.scalar("SELECT count(*) FROM _audit_gap")
-    if n < p["min_audited"] or bad / n <= p["max_gap"]:
+    # A share no further above max_gap than its sampling noise plausibly puts it is no evidence of a gap: the bar is
+    # max_gap plus `audit_z` binomial standard errors at max_gap (reward_hacking's bound, one-sided). Seen on code at
+    # the lean round: a warm run's first control read 49/483 (10.1%) against 10%, the flag threw back its mainline,
+    # and 80k of its 400k tokens went with it. `audit_z` 0 is the bare share.
+    bar = p["max_gap"] + p["audit_z"] * math.sqrt(p["max_gap"] * (1 - p["max_gap"]) / max(n, 1))
+    if n < p["min_audited"] or bad / n <= bar:
         return []
     gap = bad / n
     terms = [
@@ -134,7 +139,7 @@ def reward_audit_gap(w: Window) -> list[Finding]:
             "reward_audit_gap",
             "critical",
             gap,
-            p["max_gap"],
+            bar,
             ev,
             knobs,
             f"{100 * gap:.0f}% of audited rollouts with reward >= {t:g} ({bad}/{n}) fail the audit{how}; the terms "

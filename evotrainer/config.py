@@ -281,27 +281,21 @@ class LoopSection(Section):
     """Checkpoints at which the arms are evaluated on the gate tasks during a trial (evenly spaced);
     a candidate that cannot win stops there. 0: every arm runs its full length."""
     max_trial_share: float = Field(0.25, gt=0.0, le=1.0)
-    """Largest share of the generated-token budget that arms which end discarded may take: race losers,
-    confirmations, A-A arms, and the control or the winner that the mainline does not continue from. A
-    round races only as many candidates as fit with the confirmation their winner would need, or none,
-    and the mainline trains on. Without budget.generated_tokens there is no total to take a share of and
-    it does not bind (the other budgets do)."""
+    """Largest share of the generated-token budget that arms which end discarded may take: race losers, confirmations,
+    A-A arms, and the control or the winner that the mainline does not continue from. A round races only as many
+    candidates as fit with the confirmation their winner would need, or none, and the mainline trains on. Without
+    budget.generated_tokens there is no total to take a share of and it does not bind (the other budgets do)."""
     trial_share_by_library: bool = True
-    """Scale loop.max_trial_share by what other runs' trials in this context won (the skill library's record on this
-    domain, model and harness version): by the posterior mean chance that a trial wins there under a uniform prior,
-    (won + 1) / (won + lost + 2), relative to that prior's 1/2, and never above the share. A run whose library has
-    seen every trial on its harness lose spends its tokens on the mainline instead (on swe_short_300k the warm runs
-    raced five to nine more losing moves with 21-29% of their tokens); a fresh library (the first run of a project)
-    leaves the share as set. Not applied where the mainline cannot train until a remedy wins (an exploit read
-    twice), which may spend the whole budget."""
+    """Scale loop.max_trial_share by the chance a trial wins here as other runs' trials on this domain, model and
+    harness version show it (the skill library): (won + 1) / (won + lost + 2) against 1/2, never raised; a fresh
+    library leaves it as set. Not where the mainline cannot train until a remedy wins (an exploit read twice)."""
     trial_phases: int = Field(1, ge=1, le=100)
-    """Parts of the token budget over which trials spend the trial share, so the harness still evolves late in
-    the run, when bottlenecks have shifted: by the end of part p, arms that end discarded (confirmations
-    included) may have taken p / trial_phases of loop.max_trial_share, and a round races only as many
-    candidates as fit with the confirmation their winner would need; a part that spends less leaves it to the
-    later ones. A part's portion must hold one confirmed trial (about 3.5 arms of loop.trial_steps at one
-    candidate, 4 at two), or that part races nothing. 1: not paced, the early rounds may race until the share
-    is gone. Binds only with budget.generated_tokens."""
+    """Parts of the token budget over which trials spend the trial share, so the harness still evolves late in the
+    run, when bottlenecks have shifted: by the end of part p, arms that end discarded (confirmations included) may
+    have taken p / trial_phases of loop.max_trial_share, and a round races only as many candidates as fit with the
+    confirmation their winner would need; a part that spends less leaves it to the later ones. A part's portion must
+    hold one confirmed trial (about 3.5 arms of loop.trial_steps at one candidate, 4 at two), or that part races
+    nothing. 1: not paced, early rounds may race until the share is gone. Binds only with budget.generated_tokens."""
     reject_expiry_steps: int = Field(60, ge=0)
     """A rejected intervention may be proposed again under the same signature once the mainline has moved
     on: after a promotion, or this many steps (0: only after a promotion). Another run's rejection in the skill

@@ -82,6 +82,11 @@ class Evidence(BaseModel):
     kept. A loss blocks the same change in another run only near this step (proposers.proposer.standing)."""
 
 
+def in_context(evidence: list[Evidence], domain: str, model: str, harness: str) -> list[Evidence]:
+    """The trials among `evidence` in one context: this domain and model, applied to this harness version."""
+    return [e for e in evidence if (e.domain, e.model, e.harness) == (domain, model, harness)]
+
+
 class Loss(BaseModel):
     """Every rejected trial of one change (any run, any context): what a later run need not try again there."""
 
@@ -90,6 +95,10 @@ class Loss(BaseModel):
     intervention: Intervention
     """The change as it was tried (unbound: its value, not the value it replaced)."""
     evidence: list[Evidence] = Field(default_factory=list)
+
+    def evidence_in(self, domain: str, model: str, harness: str) -> list[Evidence]:
+        """Its rejected trials in one context (in_context)."""
+        return in_context(self.evidence, domain, model, harness)
 
 
 class Skill(BaseModel):
@@ -139,8 +148,8 @@ class Skill(BaseModel):
         return [e for e in self.evidence if e.reused]
 
     def evidence_in(self, domain: str, model: str, harness: str) -> list[Evidence]:
-        """The trials of it in one context: this domain and model, applied to this harness version."""
-        return [e for e in self.evidence if (e.domain, e.model, e.harness) == (domain, model, harness)]
+        """The trials of it in one context (in_context)."""
+        return in_context(self.evidence, domain, model, harness)
 
     @property
     def models(self) -> list[str]:
@@ -352,7 +361,7 @@ class SkillLibrary:
         in this context as it lost there (its standing is not negative: it is offered, not blocked). Oldest first."""
         out, skills = [], {s.id: s for s in self.all()}
         for loss in self.all_losses():
-            here = [e for e in loss.evidence if (e.domain, e.model, e.harness) == (domain, model, harness)]
+            here = loss.evidence_in(domain, model, harness)
             skill = skills.get("k-" + loss.id.removeprefix("r-"))
             won = skill.evidence_in(domain, model, harness) if skill else []
             if len(here) > sum(e.decision in FOR for e in won):
@@ -365,10 +374,7 @@ class SkillLibrary:
         won = sum(
             e.decision in FOR and e.run != besides for s in self.all() for e in s.evidence_in(domain, model, harness)
         )
-        here = (domain, model, harness)
-        lost = sum(
-            (e.domain, e.model, e.harness) == here and e.run != besides for x in self.all_losses() for e in x.evidence
-        )
+        lost = sum(e.run != besides for x in self.all_losses() for e in x.evidence_in(domain, model, harness))
         return won, lost
 
     def adoptable(self, domain: str, model: str, h: Harness) -> Skill | None:

@@ -153,7 +153,7 @@ def trial(
     j = None
     if k and confirms:
         exploited = again or lean or control_exploits(ctx.store, suite, [control])
-        j, note = _finalist(ctx, rnd, head, control, raced, (k, kept, 3 * full), note, exploited, share[0])
+        j, note = _finalist(ctx, rnd, head, control, raced, (k, kept, 3 * full), note, exploited, share)
     if j is not None:
         more, ran = _confirm(ctx, rnd, spec, (harnesses[j - 1], j), head.harness, suite, arms, arm, exploited)
         specs, arms = specs + more, arms + ran
@@ -340,12 +340,13 @@ def _finalist(
     sizes: tuple[int, set[str], int],
     note: str,
     exploited: bool,
-    share: float,
+    share: tuple[float, str],
 ) -> tuple[int | None, str]:
     """The race's best, if it is worth a confirmation, the confirmation could pass (gate.confirmation_power at the
     round's level; beside an exploit it is held against the start and needs two runs that each pass), and it fits
     the round's `share` of the token budget (with this round's other racers, which end discarded whatever the gate
-    says, counted in). `sizes`: the candidates raced, the mainline's lineage, the confirmation's tokens."""
+    says, counted in; the share's name for the note). `sizes`: the candidates raced, the mainline's lineage, the
+    confirmation's tokens."""
     k, kept, confirm_tokens = sizes
     noise = bank_noise(head.noise, head.harness.version, [])
     stage1 = [None if c.stopped else Pair.of(c.outcomes, control.outcomes) for c in raced[:k]]
@@ -363,8 +364,8 @@ def _finalist(
         )
         return None, "; ".join(x for x in (note, why) if x)
     losers = sum(a.generated_tokens + a.eval_tokens for i, a in enumerate(raced, 1) if i != j)
-    if not _fits(ctx, kept, share, paced=False)(0, confirm_tokens + losers):
-        return None, "; ".join(x for x in (note, "the confirmation would pass loop.max_trial_share") if x)
+    if not _fits(ctx, kept, share[0], paced=False)(0, confirm_tokens + losers):
+        return None, "; ".join(x for x in (note, f"the confirmation would pass {share[1]}") if x)
     return j, note
 
 

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import signal
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
 from rich.console import Console
 
 from conftest import small_config
+from evotrainer.config import dump_config
 from evotrainer.errors import UserError
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.interventions import Hypothesis, Intervention
@@ -206,3 +211,48 @@ def test_a_librarys_record_of_losing_trials_on_the_harness_lowers_a_later_runs_t
     assert "loop.max_trial_share 0.5 lowered to 0.0909 by the skill library" in note and "0 won, 9 lost" in note
     third = ledger("third")
     assert [t["round"] for t in third.trials()] == [1]
+
+
+def test_a_run_reads_the_library_as_it_found_it_and_its_own_trials(tmp_path):
+    lib, iv = SkillLibrary(tmp_path), _loss(0, Harness()).intervention
+    ctx = {"domain": "math", "model": "tiny", "harness": "h-1", "signature": ["plateau"], "step": 3}
+
+    def ev(run: str, decision: str = "reject") -> Evidence:
+        return Evidence(run=run, round=1, trial="r01-t1", decision=decision, **ctx)
+
+    lib.record_loss(iv, ev("a"))
+    view = lib.as_found(lib.evidence_keys(), "me")
+    lib.record_loss(iv, ev("b"))  # another run's loss of the same change, after the view's run started
+    lib.record(iv.model_copy(update={"value": 0.5}), ev("b", "promote"), source="catalog", create=True)
+    view.record_loss(iv, ev("me"))  # its own: written through the view, and read by it
+    assert view.record_in("math", "tiny", "h-1") == (0, 2) and lib.record_in("math", "tiny", "h-1") == (1, 3)
+    assert [e.run for _, e in view.losses_in("math", "tiny", "h-1")] == ["a", "me"]
+    assert view.all() == [] and len(lib.all()) == 1
+    assert len(SkillLibrary(tmp_path).all_losses()[0].evidence) == 3  # nothing the view hides is lost
+
+
+def test_a_run_killed_before_its_trial_resumes_reading_the_library_as_it_found_it(tmp_path, math_setup):
+    """A real run killed in round 1, before its trial, while nine losses of other runs on its harness are written to
+    its library. Resumed, it reads the library as it found it at its start: it races the planted change in round 1 at
+    the share it set, as the run would have uninterrupted (test above: read, the nine would cut its share to 1/11 of
+    0.5 and it would race nothing). A run started after them reads them."""
+    loop = {"segment_steps": 3, "trial_steps": 3, "candidates": 1, "max_rounds": 1, "max_trial_share": 0.5}
+    loop |= {"skills_dir": str(tmp_path / "skills"), "planted": [WRECK]}
+    run = {"name": "killed", "out_dir": str(tmp_path / "runs"), "seed": 0}
+    cfg = small_config(tmp_path, run=run, loop=loop, budget={"generated_tokens": 12_000})
+    (cfg_file := tmp_path / "killed.yaml").write_text(dump_config(cfg))
+    env = {**os.environ, "EVOTRAINER_KILL_AT": "1:train"}
+    killed = subprocess.run([sys.executable, "-m", "evotrainer.cli", "run", str(cfg_file)], env=env, timeout=600)
+    assert killed.returncode == -signal.SIGKILL
+    run_dir = tmp_path / "runs" / "killed"
+    harness = {b["id"]: b for b in Ledger(run_dir / "ledger.sqlite").branches()}["base"]["harness_version"]
+    lib, model = SkillLibrary(tmp_path / "skills"), model_name(cfg.policy)
+    for i in range(9):
+        ev = Evidence(run=f"earlier-{i}", round=1, trial="r01-t1", decision="reject", domain="math", model=model,
+                      harness=harness, signature=["plateau"], step=3)  # fmt: skip
+        lib.record_loss(_loss(0, Harness()).intervention.model_copy(update={"value": 1.0 + i / 10}), ev)
+    resumed = subprocess.run([sys.executable, "-m", "evotrainer.cli", "resume", str(run_dir)], timeout=600)
+    assert resumed.returncode == 0
+    ledger = Ledger(run_dir / "ledger.sqlite")
+    assert [t["round"] for t in ledger.trials()] == [1] and "lowered" not in read_stage(ledger, 1, "trial").note
+    assert lib.record_in("math", model, harness, besides="killed") == (0, 9)

@@ -13,7 +13,8 @@ the same evidence. A later run in the same context (domain, model, the harness v
 does not pay for the same trial again while its policy is near the step the loss was found at
 (proposers.proposer.standing): on SWE every cold run spent its trial share on the same three losing moves.
 Writes are atomic (temp file, fsync, rename) under a lock file, so concurrent runs do not lose each other's
-evidence."""
+evidence. A run reads the library as it found it at its start, and its own trials: overlapping runs learn from each
+other at their next start, and a resumed run decides as the killed one would have (SkillLibrary.as_found)."""
 
 from __future__ import annotations
 
@@ -206,9 +207,37 @@ def carried(s: Skill, term: str, variant: str) -> Intervention:
     return Intervention(kind="replace_reward_term", target=f"reward_weights.{term}", value=variant, hypothesis=hyp)
 
 
+def evidence_key(e: Evidence) -> str:
+    """A trial's evidence as one string: its run and trial (what a run's view of the library is made of)."""
+    return f"{e.run}/{e.trial}"
+
+
 class SkillLibrary:
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path, seen: frozenset[str] | None = None, run: str = ""):
+        """`seen`: the evidence (evidence_key) this library is read as holding, besides run `run`'s own; None reads
+        every record. A run reads the library as it found it at its start (as_found), so that other runs' writes
+        since then change none of its decisions, and a killed run resumes to the decisions it would have made."""
         self.root = Path(root).expanduser()
+        self.seen, self.run = seen, run
+
+    def evidence_keys(self) -> list[str]:
+        """Every trial's evidence here, skills' and losses' (evidence_key), sorted."""
+        records = [*self._read("k-", Skill, "skill"), *self._read("r-", Loss, "loss record")]
+        return sorted({evidence_key(e) for r in records for e in r.evidence})
+
+    def as_found(self, seen: list[str], run: str) -> SkillLibrary:
+        """This library read as holding only the evidence `seen` and run `run`'s own; it writes as this one does."""
+        return SkillLibrary(self.root, frozenset(seen), run)
+
+    def _visible(self, records: list[Any]) -> list[Any]:
+        if self.seen is None:
+            return records
+        out = []
+        for r in records:
+            kept = [e for e in r.evidence if e.run == self.run or evidence_key(e) in self.seen]
+            if kept:
+                out.append(r.model_copy(update={"evidence": kept}))
+        return out
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -233,7 +262,7 @@ class SkillLibrary:
         return out
 
     def all(self) -> list[Skill]:
-        return self._read("k-", Skill, "skill")
+        return self._visible(self._read("k-", Skill, "skill"))
 
     def get(self, sid: str) -> Skill:
         p = self.root / f"{sid}.json"
@@ -351,7 +380,7 @@ class SkillLibrary:
             return loss
 
     def all_losses(self) -> list[Loss]:
-        return self._read("r-", Loss, "loss record")
+        return self._visible(self._read("r-", Loss, "loss record"))
 
     def losses_in(
         self, domain: str, model: str, harness: str, *, besides: str = ""

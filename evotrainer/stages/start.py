@@ -164,7 +164,10 @@ def open_run(cfg: RunConfig, resume: bool, accept_evaluator_change: bool = False
         final_ids=final_ids,
     )
     check_evaluator(ctx, accept_evaluator_change)
-    ledger.record_skill_library(str(ctx.skills.root.resolve()))
+    ledger.record_skill_library(path := str(ctx.skills.root.resolve()))
+    # The library as the run found it: other runs' evidence written since changes none of its decisions, and a
+    # resumed run reads what the killed one read.
+    ctx.skills = ctx.skills.as_found(ledger.library_seen(path, ctx.skills.evidence_keys), cfg.run.name)
     ctx.tracking = Forwarder.open(cfg.run.report_to, run_dir, cfg.run.name, cfg.model_dump(mode="json"))
     return ctx
 

@@ -13,7 +13,7 @@ import os
 import signal
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,6 +121,15 @@ class Ledger:
     def skill_libraries(self) -> list[str]:
         """Every skill library the run has read and written, first first ([] in ledgers from before)."""
         return json.loads(self.get_meta("skill_libraries") or "[]")
+
+    def library_seen(self, path: str, found: Callable[[], list[str]]) -> list[str]:
+        """The evidence the skill library at `path` held when the run first opened it (SkillLibrary.evidence_keys):
+        `found()` recorded on the first call for a path, the record read back on every later one (a resume)."""
+        seen = json.loads(self.get_meta("skill_library_seen") or "{}")
+        if path not in seen:
+            seen[path] = found()
+            self.set_meta("skill_library_seen", json.dumps(seen))
+        return seen[path]
 
     # -- stages -------------------------------------------------------------------------------------
     def stage_result(self, rnd: int, stage: str) -> dict[str, Any] | None:

@@ -242,8 +242,9 @@ def test_a_run_killed_before_its_trial_resumes_reading_the_library_as_it_found_i
     cfg = small_config(tmp_path, run=run, loop=loop, budget={"generated_tokens": 12_000})
     (cfg_file := tmp_path / "killed.yaml").write_text(dump_config(cfg))
     env = {**os.environ, "EVOTRAINER_KILL_AT": "1:train"}
-    killed = subprocess.run([sys.executable, "-m", "evotrainer.cli", "run", str(cfg_file)], env=env, timeout=600)
-    assert killed.returncode == -signal.SIGKILL
+    cli = [sys.executable, "-m", "evotrainer.cli"]
+    killed = subprocess.run([*cli, "run", str(cfg_file)], env=env, timeout=600, capture_output=True, text=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     run_dir = tmp_path / "runs" / "killed"
     harness = {b["id"]: b for b in Ledger(run_dir / "ledger.sqlite").branches()}["base"]["harness_version"]
     lib, model = SkillLibrary(tmp_path / "skills"), model_name(cfg.policy)
@@ -251,8 +252,8 @@ def test_a_run_killed_before_its_trial_resumes_reading_the_library_as_it_found_i
         ev = Evidence(run=f"earlier-{i}", round=1, trial="r01-t1", decision="reject", domain="math", model=model,
                       harness=harness, signature=["plateau"], step=3)  # fmt: skip
         lib.record_loss(_loss(0, Harness()).intervention.model_copy(update={"value": 1.0 + i / 10}), ev)
-    resumed = subprocess.run([sys.executable, "-m", "evotrainer.cli", "resume", str(run_dir)], timeout=600)
-    assert resumed.returncode == 0
+    resumed = subprocess.run([*cli, "resume", str(run_dir)], timeout=600, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
     ledger = Ledger(run_dir / "ledger.sqlite")
     assert [t["round"] for t in ledger.trials()] == [1] and "lowered" not in read_stage(ledger, 1, "trial").note
     assert lib.record_in("math", model, harness, besides="killed") == (0, 9)

@@ -222,8 +222,7 @@ class SkillLibrary:
 
     def evidence_keys(self) -> list[str]:
         """Every trial's evidence here, skills' and losses' (evidence_key), sorted."""
-        records = [*self._read("k-", Skill, "skill"), *self._read("r-", Loss, "loss record")]
-        return sorted({evidence_key(e) for r in records for e in r.evidence})
+        return sorted({evidence_key(e) for r in [*self.all(), *self.all_losses()] for e in r.evidence})
 
     def as_found(self, seen: list[str], run: str) -> SkillLibrary:
         """This library read as holding only the evidence `seen` and run `run`'s own; it writes as this one does."""

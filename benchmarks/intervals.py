@@ -3,6 +3,9 @@ tasks within a seed) and the t interval on the per-seed differences, which with 
 
 from __future__ import annotations
 
+import math
+from typing import Literal
+
 import numpy as np
 from pydantic import BaseModel
 from scipy import stats
@@ -73,3 +76,25 @@ def paired_interval(a: list[dict[str, bool]], b: list[dict[str, bool]]) -> Paire
     return PairedInterval(
         delta=float(np.mean([d.mean() for d in diffs])), ci_low=low, ci_high=high, seed_t=seed_t_interval(per_seed)
     )
+
+
+Verdict = Literal["above", "at_or_above", "below", "not_shown"]
+
+
+def read_margin(accuracy: float, tasks: int) -> float:
+    """One standard error of one read of `tasks` tasks at `accuracy`: a loss smaller than this cannot be seen by a
+    user who reads the benchmark once, so it is the margin within which an arm counts as at another (the
+    non-inferiority margin of the claim "at or above the reference", HISTORY.md, "Is the loop at the reference?")."""
+    return math.sqrt(accuracy * (1.0 - accuracy) / tasks)
+
+
+def verdict(t: SeedT, margin: float) -> Verdict:
+    """What the seed-level interval of a - b shows against a margin: above b (its low end over 0), at or above b
+    (over -margin), below b (its high end under -margin), or neither. One seed shows nothing."""
+    if t.ci_low is None or t.ci_high is None:
+        return "not_shown"
+    if t.ci_low > 0:
+        return "above"
+    if t.ci_low > -margin:
+        return "at_or_above"
+    return "below" if t.ci_high < -margin else "not_shown"

@@ -15,7 +15,7 @@ import torch
 from benchmarks.claims.aggregate import table, write_claims
 from benchmarks.claims.cells import CELLS
 from benchmarks.claims.records import read_cells
-from benchmarks.intervals import seed_t_interval
+from benchmarks.intervals import read_margin, seed_t_interval, verdict
 from benchmarks.manifest import Manifest, config_hash_of, manifest_path, read_manifest, results_in, write_result
 from benchmarks.paths import RESULTS, ROOT, scrub
 from benchmarks.tables import mean_and_seeds
@@ -28,7 +28,8 @@ SCRIPTS = [
     "trl_backend",
 ]  # fmt: skip
 # What this version of the aggregate adds to claims.json; every other key and value must be as committed.
-NEW_FIELDS = {"ci_method", "seed_t", "stale_seeds", "arm", "library_from"}  # added after claims.json was written
+# added after claims.json was written:
+NEW_FIELDS = {"ci_method", "seed_t", "stale_seeds", "arm", "library_from", "margin", "verdict"}
 MACHINE = re.compile(r"(?<![\w$])/(tmp|root|work|home)/")
 
 
@@ -67,6 +68,19 @@ def test_the_seed_t_interval_is_the_t_interval_of_the_per_seed_means():
     assert (t.ci_low, t.ci_high) == pytest.approx((-0.015666666666666666 - half, -0.015666666666666666 + half))
     one = seed_t_interval([0.1])
     assert (one.ci_low, one.ci_high, one.df) == (None, None, 0)
+
+
+def test_the_margin_is_one_read_s_standard_error_and_the_verdict_reads_the_seed_interval_against_it():
+    m = read_margin(0.86, 200)
+    assert m == pytest.approx((0.86 * 0.14 / 200) ** 0.5) and 0.024 < m < 0.025
+    assert read_margin(0.86, 800) == pytest.approx(m / 2)  # four times the tasks, half the margin
+    level = [-0.004, 0.003, -0.001, 0.002, -0.003, 0.001]  # every seed within a task or so of the reference
+    assert verdict(seed_t_interval(level), m) == "at_or_above"
+    assert verdict(seed_t_interval([x + 0.05 for x in level]), m) == "above"
+    assert verdict(seed_t_interval([x - 0.10 for x in level]), m) == "below"
+    assert verdict(seed_t_interval([-0.10, 0.08, -0.06, 0.05]), m) == "not_shown"  # too wide to say
+    assert verdict(seed_t_interval([x - 0.024 for x in level]), m) == "not_shown"  # low end past -m, high end not
+    assert verdict(seed_t_interval([0.1]), m) == "not_shown"  # one seed: no interval
 
 
 def test_cells_of_every_committed_grid_load():

@@ -111,6 +111,11 @@ class DomainClaims(BaseModel):
     loop_reference_vs_reference: PairedInterval
     loop_default_over_reference: float
     """The issue's "gain over the reference": the loop's mean accuracy over the reference's."""
+    margin: float | None = None
+    """The loss within which the loop counts as at the reference: one standard error of one final read of the
+    reference (intervals.read_margin). None in aggregates written before it."""
+    verdict: str | None = None
+    """loop_default - reference's seed-level interval against `margin` (intervals.verdict)."""
     promoted: dict[str, list[dict[str, Any]]]
     invalid_planted: int
     invalid_promoted: int

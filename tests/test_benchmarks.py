@@ -83,6 +83,17 @@ def test_the_margin_is_one_read_s_standard_error_and_the_verdict_reads_the_seed_
     assert verdict(seed_t_interval([0.1]), m) == "not_shown"  # one seed: no interval
 
 
+def test_the_margin_set_s_aggregate_reproduces_its_verdict_and_the_table_prints_it(tmp_path):
+    fresh = write_claims(RESULTS / "claims-margin", tmp_path / "claims-margin.json")["partial"]["swe_short_300k"]
+    committed = json.loads((RESULTS / "claims-margin.json").read_text())["partial"]["swe_short_300k"]
+    assert fresh == committed and len(fresh["seeds"]) == 15
+    t = fresh["loop_default_vs_reference"]["seed_t"]
+    mean_ref = sum(fresh["static_reference"]) / 15
+    assert fresh["margin"] == pytest.approx((mean_ref * (1 - mean_ref) / 200) ** 0.5)
+    assert -fresh["margin"] < t["ci_low"] < 0 and fresh["verdict"] == "at_or_above"
+    assert "at_or_above within 0.025" in table({"partial": {"swe_short_300k": fresh}})
+
+
 def test_cells_of_every_committed_grid_load():
     for folder in ("claims", "claims-2026-11-23", "claims-share50", "claims-gate-run"):
         cells = read_cells(RESULTS / folder)

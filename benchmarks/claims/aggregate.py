@@ -231,7 +231,7 @@ def table(out: dict[str, Any]) -> str:
                 mean_and_seeds(d.loop_reference),
                 f"{iv.delta:+.3f}",
                 f"[{iv.ci_low:+.3f}, {iv.ci_high:+.3f}]",
-                seed_t_text(iv.seed_t),
+                seed_t_text(iv.seed_t, d.margin, d.verdict),
                 f"{d.loop_default_over_reference:.2f}x",
                 f"{d.invalid_planted} ({d.invalid_promoted})",
             ]
@@ -255,11 +255,13 @@ def partial_row(domain: str, p: dict[str, Any], bases: dict[str, Any]) -> list[s
         "-",
         f"{iv.delta:+.3f}",
         f"[{iv.ci_low:+.3f}, {iv.ci_high:+.3f}]",
-        seed_t_text(iv.seed_t),
+        seed_t_text(iv.seed_t, p.get("margin"), p.get("verdict")),
         f"{np.mean(loop) / np.mean(ref):.2f}x",
         "-",
     ]
 
 
-def seed_t_text(t: SeedT) -> str:
-    return "-" if t.ci_low is None else f"[{t.ci_low:+.3f}, {t.ci_high:+.3f}] (df {t.df})"
+def seed_t_text(t: SeedT, margin: float | None = None, shows: str | None = None) -> str:
+    """The seed-level interval, and what it shows within the margin where the aggregate carries one."""
+    text = "-" if t.ci_low is None else f"[{t.ci_low:+.3f}, {t.ci_high:+.3f}] (df {t.df})"
+    return text if margin is None else f"{text}: {shows} within {margin:.3f}"

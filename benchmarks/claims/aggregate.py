@@ -19,15 +19,7 @@ from benchmarks.claims.records import (
     mixed_machines,
     read_cell,
 )
-from benchmarks.intervals import (
-    PairedInterval,
-    SeedT,
-    paired_differences,
-    paired_interval,
-    read_margin,
-    seed_t_interval,
-    verdict,
-)
+from benchmarks.intervals import PairedInterval, SeedT, paired_interval, read_margin, verdict
 from benchmarks.manifest import results_in, write_result
 from benchmarks.tables import markdown_table, mean_and_seeds
 
@@ -58,17 +50,18 @@ def domain_claims(by: dict[Key, Cell], domain: str, full: list[int]) -> DomainCl
     def versus(a: str, b: str):
         return paired_interval([by[domain, a, s].outcomes for s in full], [by[domain, b, s].outcomes for s in full])
 
-    loop, ref = ([by[domain, a, s] for s in full] for a in ("loop_default", "static_reference"))
+    vs_ref = versus("loop_default", "static_reference")
+    loop, ref = [by[domain, "loop_default", s] for s in full], [by[domain, "static_reference", s] for s in full]
     return DomainClaims(
         budget_tokens=by[domain, "loop_default", full[0]].budget_tokens,
         seeds=full,
         evaluator_hashes=sorted({c.evaluator_hash for c in read}),
         stale_seeds=[s for s in full if len({c.evaluator_hash for c in read if c.seed == s}) > 1],
         **arms,
-        loop_default_vs_reference=versus("loop_default", "static_reference"),
+        loop_default_vs_reference=vs_ref,
         loop_reference_vs_reference=versus("loop_reference", "static_reference"),
         loop_default_over_reference=float(np.mean(arms["loop_default"]) / np.mean(arms["static_reference"])),
-        **at_reference(loop, ref),
+        **at_reference(vs_ref.seed_t, loop, ref),
         promoted={
             a: [{"seed": s, **p} for s in full for p in by[domain, a, s].promoted]
             for a in ("loop_default", "loop_reference")
@@ -142,17 +135,16 @@ def loop_vs_reference(by: dict[Key, Cell], domain: str) -> dict[str, Any] | None
         "loop_default": [c.accuracy for c in loop],
         ref: [c.accuracy for c in static],
         "loop_default_vs_reference": interval.model_dump(mode="json"),
-        **at_reference(loop, static),
+        **at_reference(interval.seed_t, loop, static),
     }
 
 
-def at_reference(loop: list[Cell], ref: list[Cell]) -> dict[str, Any]:
+def at_reference(t: SeedT, loop: list[Cell], ref: list[Cell]) -> dict[str, Any]:
     """The margin (one standard error of one final read of the reference, on the fewest tasks a seed's pair
-    shares) and what the loop's seed-level interval against the reference shows within it."""
+    shares) and what the loop's seed-level interval against the reference, `t`, shows within it."""
     tasks = min(len(set(a.outcomes) & set(b.outcomes)) for a, b in zip(loop, ref, strict=True))
     margin = read_margin(float(np.mean([c.accuracy for c in ref])), tasks)
-    diffs = paired_differences([c.outcomes for c in loop], [c.outcomes for c in ref])
-    return {"margin": margin, "verdict": verdict(seed_t_interval([float(d.mean()) for d in diffs]), margin)}
+    return {"margin": margin, "verdict": verdict(t, margin)}
 
 
 def aggregate(cells: list[Cell]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from benchmarks.intervals import PairedInterval
+from benchmarks.intervals import PairedInterval, Verdict
 from benchmarks.manifest import manifest_path, read_manifest, results_in
 
 
@@ -114,7 +114,7 @@ class DomainClaims(BaseModel):
     margin: float | None = None
     """The loss within which the loop counts as at the reference: one standard error of one final read of the
     reference (intervals.read_margin). None in aggregates written before it."""
-    verdict: str | None = None
+    verdict: Verdict | None = None
     """loop_default - reference's seed-level interval against `margin` (intervals.verdict)."""
     promoted: dict[str, list[dict[str, Any]]]
     invalid_planted: int

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.claims.aggregate import table, write_claims
+from benchmarks.claims.aggregate import skills_table, table, write_claims
 from benchmarks.claims.cells import CELLS
 from benchmarks.claims.records import read_cells
 from benchmarks.intervals import read_margin, seed_t_interval, verdict
@@ -29,7 +29,10 @@ SCRIPTS = [
 ]  # fmt: skip
 # What this version of the aggregate adds to claims.json; every other key and value must be as committed.
 # added after claims.json was written:
-NEW_FIELDS = {"ci_method", "seed_t", "stale_seeds", "arm", "library_from", "margin", "verdict"}
+NEW_FIELDS = {
+    "ci_method", "seed_t", "stale_seeds", "arm", "library_from", "margin", "verdict",
+    "cold_tokens_within", "warm_tokens_within", "met",
+}  # fmt: skip
 MACHINE = re.compile(r"(?<![\w$])/(tmp|root|work|home)/")
 
 
@@ -92,6 +95,43 @@ def test_the_margin_set_s_aggregate_reproduces_its_verdict_and_the_table_prints_
     assert fresh["margin"] == pytest.approx((mean_ref * (1 - mean_ref) / 200) ** 0.5)
     assert -fresh["margin"] < t["ci_low"] < 0 and fresh["verdict"] == "at_or_above"
     assert "at_or_above within 0.025" in table({"partial": {"swe_short_300k": fresh}})
+
+
+def test_warm_skills_read_reached_within_one_read_s_noise_for_both_runs_and_a_majority_of_seeds_meets_it():
+    from benchmarks.claims.aggregate import aggregate
+    from benchmarks.claims.records import Cell
+
+    def cell(arm: str, seed: int, trajectory: list[tuple[int, float]]) -> Cell:
+        outcomes = {f"t{i}": i < 172 for i in range(200)}  # 0.86 on 200 tasks: one read's error 0.0245
+        return Cell(domain="swe_short_300k", arm=arm, seed=seed, budget_tokens=300_000, accuracy=0.86,
+                    outcomes=outcomes, evaluator_hash="e-1", seconds=0.0, overrides={}, checkpoint="",
+                    generated_tokens=1, trajectory=trajectory)  # fmt: skip
+
+    cold = [(100_000, 0.70), (200_000, 0.84), (300_000, 0.86)]  # its final at 300k, within the noise at 200k
+    warm = {
+        1: [(60_000, 0.84), (150_000, 0.86)],  # within at 60k (0.3), the final itself at 150k (0.5)
+        2: [(60_000, 0.80), (180_000, 0.84), (250_000, 0.87)],  # 0.9 within, 0.83 strictly
+        3: [(60_000, 0.80), (120_000, 0.835), (200_000, 0.83)],  # 0.835 is just under 0.86 - 0.0245: never
+        4: [(90_000, 0.85)],  # within at 0.45, never strictly
+        5: [(100_000, 0.83), (130_000, 0.855)],  # within at 130k
+    }
+    cells = [c for s, t in warm.items() for c in (cell("loop_default", s, cold), cell("loop_default_warm", s, t))]
+
+    def met(seeds):
+        out = aggregate([c for c in cells if c.seed in seeds])["skills"]
+        return out["met"]["swe_short_300k"], out["pairs"]
+
+    got, pairs = met({1, 2, 3, 4, 5})
+    assert {p["seed"]: p["cold_tokens_within"] for p in pairs} == dict.fromkeys(warm, 200_000)
+    assert pairs[0]["margin"] == pytest.approx((0.86 * 0.14 / 200) ** 0.5)
+    assert got["within"] == pytest.approx([0.3, 0.9, None, 0.45, 0.65])
+    assert got["strict"] == pytest.approx([0.5, 250 / 300, None, None, None])
+    assert (got["within_at_or_under"], got["met"]) == (3, True)
+    assert met({1, 2, 3, 4})[0]["met"] is False  # two of four is no majority
+    assert met({1, 3, 4})[0]["met"] is True
+    text = skills_table({"skills": aggregate(cells)["skills"]})
+    assert "| swe_short_300k | 1 2 3 4 5 | 50% / 83% / never / never / never | 30% / 90% / never / 45% / 65% |" in text
+    assert "| 3 of 5: met |" in text
 
 
 def test_cells_of_every_committed_grid_load():

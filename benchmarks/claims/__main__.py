@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from benchmarks.claims import __doc__ as about
-from benchmarks.claims.aggregate import table, write_claims
+from benchmarks.claims.aggregate import skills_table, table, write_claims
 from benchmarks.claims.arms import ACROSS_FROM, ARMS, DOMAINS, PROJECT_SEEDS, SEEDS
 from benchmarks.claims.cells import CELLS, run_cell
 from benchmarks.claims.sweep import sweep
@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> None:
         claims = write_claims(a.cells, out)
         print(json.dumps(claims, indent=1))
         print(table(claims))
+        if "skills" in claims:
+            print(skills_table(claims))
     else:
         sweep(a.args[0], a.lr, a.work, sets)
 

@@ -146,6 +146,27 @@ class SkillPair(BaseModel):
     (arms.PROJECT_SEEDS' cold runs', merged)."""
     library_from: str | None = None
     """For loop_default_across: the domain whose cold run left the library."""
+    margin: float | None = None
+    """One standard error of one read of the cold final on the cold run's final tasks (intervals.read_margin)."""
+    cold_tokens_within: int | None = None
+    warm_tokens_within: int | None = None
+    """Each run's tokens to its first round head read at or above cold_final - margin: reached within one read's
+    noise, the same rule for both runs (HISTORY.md, "Do warm runs reach the cold run's final?"); None if never."""
+
+
+class SkillsMet(BaseModel):
+    """One domain and warm arm over its seeds: the warm run's tokens over the cold run's, each way of reading
+    "reached", and whether it is at most SKILLS_TARGET at a majority of the seeds."""
+
+    seeds: list[int]
+    strict: list[float | None]
+    """Ratio of the tokens to the cold final read itself (None: the warm run never read it)."""
+    within: list[float | None]
+    """Ratio of the tokens to the cold final within one read's noise (SkillPair.cold/warm_tokens_within)."""
+    within_at_or_under: int
+    """Seeds whose `within` ratio is at most the target."""
+    met: bool
+    """At most the target at more than half the seeds, within one read's noise (the pre-registered reading)."""
 
 
 class Skills(BaseModel):
@@ -155,3 +176,5 @@ class Skills(BaseModel):
     pairs: list[SkillPair]
     warm_vs_cold: dict[str, PairedInterval] = {}
     """Per domain with two seeds or more: the warm run's final read minus the cold run's, task by task."""
+    met: dict[str, SkillsMet] = {}
+    """Per domain and warm arm (keyed as warm_vs_cold): the tokens ratios and the verdict against the target."""

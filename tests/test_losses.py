@@ -164,6 +164,12 @@ def test_the_cli_lists_a_librarys_losses_and_imports_another_librarys_directory(
     done = runner.invoke(app, ["skills", "import", str(tmp_path / "a"), "--dir", str(tmp_path / "b")])
     assert done.exit_code == 0 and "merged 1 skill and loss record(s)" in done.stdout
     assert [e.run for _, e in SkillLibrary(tmp_path / "b").losses_in("swe", "tiny", "h-1")] == ["a"]
+    # One file carries the losses too: a library shared that way blocks what it lost, as the directory does.
+    out = runner.invoke(app, ["skills", "export", str(tmp_path / "a.json"), "--dir", str(tmp_path / "a")])
+    assert out.exit_code == 0 and "exported 0 skill(s) and 1 loss record(s)" in out.stdout
+    done = runner.invoke(app, ["skills", "import", str(tmp_path / "a.json"), "--dir", str(tmp_path / "c")])
+    assert done.exit_code == 0 and "imported 1 skill and loss record(s)" in done.stdout
+    assert [e.run for _, e in SkillLibrary(tmp_path / "c").losses_in("swe", "tiny", "h-1")] == ["a"]
     (tmp_path / "empty").mkdir()
     wrong = runner.invoke(app, ["skills", "import", str(tmp_path / "empty"), "--dir", str(tmp_path / "b")])
     # A UserError: the console script (cli.main.main) prints it without a traceback and exits 2.

@@ -21,6 +21,7 @@ from evotrainer.harness.interventions import Hypothesis, Intervention, diff
 from evotrainer.loop import run_loop
 from evotrainer.proposers.heuristic import HeuristicProposer
 from evotrainer.proposers.proposer import Brief, PastTrial, intervention_key
+from evotrainer.skills.exchange import export_file, import_file
 from evotrainer.skills.library import GLOBAL_LIBRARY, Evidence, SkillLibrary, library_dir, model_name
 from evotrainer.stages.results import read_stage
 from evotrainer.store.ledger import Ledger
@@ -55,19 +56,31 @@ def test_a_skill_is_quarantined_until_it_wins_twice_and_evidence_is_not_counted_
         s.instantiate(Harness(optimizer={"learning_rate": 3e-4}))
 
 
-def test_export_import_round_trip_merges_evidence(tmp_path):
+def test_export_import_round_trip_merges_evidence_and_carries_the_losses(tmp_path):
     a, b = SkillLibrary(tmp_path / "a"), SkillLibrary(tmp_path / "b")
     iv = LR_UP.bind(Harness(optimizer={"learning_rate": 1e-4}))
     a.record(iv, _ev("t1"), source="catalog", create=True)
     b.record(iv, _ev("t9", run="other"), source="catalog", create=True)
-    assert a.export(tmp_path / "a.json") == 1
-    b.import_(tmp_path / "a.json")
-    b.import_(tmp_path / "a.json")  # twice: nothing doubles
+    lost = LR_UP.model_copy(update={"value": 1e-3}).bind(Harness(optimizer={"learning_rate": 1e-4}))
+    a.record_loss(lost, _ev("t2", "reject"))
+    assert export_file(a, tmp_path / "a.json") == (1, 1)
+    assert import_file(b, tmp_path / "a.json") == 2
+    import_file(b, tmp_path / "a.json")  # twice: nothing doubles
     [s] = b.all()
     assert s.wins == 2 and not s.quarantined
-    (tmp_path / "bad.json").write_text("{not json")
-    with pytest.raises(ConfigError, match="skills export"):
-        b.import_(tmp_path / "bad.json")
+    # The loss came with it: a run in its context does not race that change again, and the record paces trials.
+    [(again, ev)] = b.losses_in("math", "", "")
+    assert again == lost.unbound() and ev.trial == "t2"
+    assert b.record_in("math", "", "") == (2, 1)
+    # An export of earlier versions (a list of skills alone) still loads.
+    c = SkillLibrary(tmp_path / "c")
+    (tmp_path / "old.json").write_text(json.dumps([s.model_dump(mode="json")]))
+    assert import_file(c, tmp_path / "old.json") == 1 and c.all()[0].wins == 2 and not c.all_losses()
+    for text in ("{not json", '{"losses": []}', "3"):
+        (tmp_path / "bad.json").write_text(text)
+        with pytest.raises(ConfigError, match="skills export"):
+            import_file(c, tmp_path / "bad.json")
+    assert len(c.all()) == 1 and not c.all_losses()  # refused before anything was written
 
 
 def test_the_library_is_the_projects_unless_a_shared_one_is_asked_for(tmp_path, monkeypatch):

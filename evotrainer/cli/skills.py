@@ -10,6 +10,7 @@ from rich.table import Table
 
 from evotrainer.cli.common import console, print_json
 from evotrainer.errors import UserError
+from evotrainer.skills.exchange import export_file, import_file
 from evotrainer.skills.library import GLOBAL_LIBRARY, PROJECT_LIBRARY, SkillLibrary, library_dir
 
 skills_app = typer.Typer(
@@ -122,8 +123,9 @@ def skills_show(
 def skills_export(
     dest: Path = typer.Argument(..., help="JSON file to write"), skills_dir: Path | None = _DIR, shared: bool = _GLOBAL
 ) -> None:
-    """Write every skill to one JSON file (to share a library)."""
-    console.print(f"exported {_library(skills_dir, shared).export(dest)} skill(s) to {dest}")
+    """Write every skill and every loss to one JSON file (to share a library whole)."""
+    skills, losses = export_file(_library(skills_dir, shared), dest)
+    console.print(f"exported {skills} skill(s) and {losses} loss record(s) to {dest}")
 
 
 @skills_app.command("import")
@@ -132,8 +134,8 @@ def skills_import(
     skills_dir: Path | None = _DIR,
     shared: bool = _GLOBAL,
 ) -> None:
-    """Merge skills from an export, or skills and losses from another library's directory (a project's runs'
-    libraries gathered into one); evidence already present is not counted twice."""
+    """Merge skills and losses from an export, or from another library's directory (a project's runs' libraries
+    gathered into one); evidence already present is not counted twice."""
     lib = _library(skills_dir, shared)
     if src.is_dir():
         if not any(src.glob("[kr]-*.json")):
@@ -143,4 +145,4 @@ def skills_import(
             )
         console.print(f"merged {lib.merge(SkillLibrary(src))} skill and loss record(s) from the library {src}")
         return
-    console.print(f"imported {lib.import_(src)} skill(s) from {src}")
+    console.print(f"imported {import_file(lib, src)} skill and loss record(s) from {src}")

@@ -454,33 +454,15 @@ class SkillLibrary:
         """Add another library's skills and losses to this one, evidence united by (run, trial): a project's
         libraries gathered into one, or one run's library handed to the next. Merging twice changes nothing. Returns
         how many records (skills and losses) it read."""
-        skills, losses = other.all(), other.all_losses()
+        return self.take(other.all(), other.all_losses())
+
+    def take(self, skills: list[Skill], losses: list[Loss]) -> int:
+        """Merge these skills and losses (merge, skills.exchange.import_file); returns how many records it read."""
         self._unite(skills)
         for loss in losses:
             for e in loss.evidence:
                 self.record_loss(loss.intervention, e)
         return len(skills) + len(losses)
-
-    def export(self, dest: str | Path) -> int:
-        skills = self.all()
-        Path(dest).write_text(json.dumps([s.model_dump(mode="json") for s in skills], indent=2))
-        return len(skills)
-
-    def import_(self, src: str | Path) -> int:
-        """Merge skills from an export file: evidence is united by (run, trial), so importing twice
-        or importing a library's own export changes nothing."""
-        src = Path(src)
-        if not src.is_file():
-            raise ConfigError(f"skills import: file not found: {src}")
-        try:
-            incoming = [Skill.model_validate(x) for x in json.loads(src.read_text())]
-        except (json.JSONDecodeError, ValidationError, TypeError) as e:
-            raise ConfigError(
-                f"skills import: {src} is not a skills export ({type(e).__name__}); "
-                "create one with `evotrainer skills export FILE`"
-            ) from None
-        self._unite(incoming)
-        return len(incoming)
 
     def _unite(self, incoming: list[Skill]) -> None:
         """Each incoming skill written here, its evidence united by (run, trial) with this library's of the same id."""

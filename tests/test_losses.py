@@ -41,10 +41,10 @@ def test_a_second_run_does_not_race_what_the_first_rejected_on_the_same_harness(
     it; the remember stage keeps the loss with its context and the step it forked from. Run 2 proposes the same
     change in round 1; the screen refuses it, naming run 1, and races something else."""
 
-    def cfg(name: str):
+    def cfg(name: str, project: str = "runs"):
         loop = {"segment_steps": 3, "trial_steps": 3, "candidates": 1, "max_rounds": 1, "max_trial_share": 1.0}
         loop |= {"skills_dir": str(tmp_path / "skills"), "planted": [WRECK]}
-        return small_config(tmp_path, run={"name": name, "out_dir": str(tmp_path / "runs"), "seed": 0}, loop=loop)
+        return small_config(tmp_path, run={"name": name, "out_dir": str(tmp_path / project), "seed": 0}, loop=loop)
 
     run_loop(cfg("first"), Console(file=io.StringIO()))
     first = Ledger(tmp_path / "runs" / "first" / "ledger.sqlite")
@@ -68,6 +68,16 @@ def test_a_second_run_does_not_race_what_the_first_rejected_on_the_same_harness(
     assert all(t["source"] != "planted" for t in second.trials())
     assert all(intervention_key(Intervention.model_validate(t["intervention"])) != intervention_key(iv)
                for t in second.trials())  # fmt: skip
+
+    # Another project's run of the same name, sharing the library (a global one): its evidence is told apart, so
+    # run 1's loss is another run's to it (refused, not read as its own) and its own trials add to the library.
+    before = set(lib.evidence_keys())
+    run_loop(cfg("first", "elsewhere"), Console(file=io.StringIO()))
+    again = Ledger(tmp_path / "elsewhere" / "first" / "ledger.sqlite")
+    refused = [r for r in read_stage(again, 1, "propose").refused if r["proposal"]["source"] == "planted"]
+    assert len(refused) == 1 and "already rejected in run first" in refused[0]["reason"]
+    assert set(lib.evidence_keys()) - before == {f"first~2/{t['id']}" for t in again.trials()}
+    assert again.get_meta("skill_library_run") == "first~2" and first.get_meta("skill_library_run") == "first"
 
 
 def _loss(step: int, harness: Harness, run: str = "other") -> PastTrial:

@@ -430,7 +430,7 @@ def remember(
     for v, survivor in zip(gated.verdicts, survivors):
         p = survivor.proposal
         decision = "repair" if repaired is not None and repaired.trial == v.trial else v.decision
-        ev = run_evidence(ctx.cfg, round=rnd, trial=v.trial, decision=decision, effect=v.delta, signature=list(sig),
+        ev = run_evidence(ctx, round=rnd, trial=v.trial, decision=decision, effect=v.delta, signature=list(sig),
                           harness=harness, before=p.intervention.before, reused=p.skill_id is not None,
                           step=forked.get(v.trial))  # fmt: skip
         s = ctx.skills.record(p.intervention, ev, source=p.source, create=decision in FOR, sid=p.skill_id)

@@ -221,7 +221,7 @@ def trial_share(ctx: RunContext, harness: Harness) -> tuple[float, str]:
     cfg, share = ctx.cfg, ctx.cfg.loop.max_trial_share
     if not cfg.loop.trial_share_by_library:
         return share, "loop.max_trial_share"
-    won, lost = ctx.skills.record_in(cfg.env.domain, model_name(cfg.policy), harness.version, besides=cfg.run.name)
+    won, lost = ctx.skills.record_in(cfg.env.domain, model_name(cfg.policy), harness.version, besides=ctx.skills.run)
     lowered = library_share(share, won, lost)
     if lowered >= share:
         return share, "loop.max_trial_share"

@@ -100,7 +100,7 @@ def library_losses(ctx: RunContext, harness: Harness) -> list[PastTrial]:
     """Other runs' rejected trials on this harness version, in this domain and model, as the screen reads a past
     trial (a loss without the step it forked from cannot be placed, and blocks nothing)."""
     cfg = ctx.cfg
-    found = ctx.skills.losses_in(cfg.env.domain, model_name(cfg.policy), harness.version, besides=cfg.run.name)
+    found = ctx.skills.losses_in(cfg.env.domain, model_name(cfg.policy), harness.version, besides=ctx.skills.run)
     return [
         PastTrial(0, iv, tuple(e.signature), "reject", (f"{e.run}/{e.trial}",), e.effect, e.harness, e.step, run=e.run)
         for iv, e in found

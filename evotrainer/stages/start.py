@@ -167,7 +167,8 @@ def open_run(cfg: RunConfig, resume: bool, accept_evaluator_change: bool = False
     ledger.record_skill_library(path := str(ctx.skills.root.resolve()))
     # The library as the run found it: other runs' evidence written since changes none of its decisions, and a
     # resumed run reads what the killed one read.
-    ctx.skills = ctx.skills.as_found(ledger.library_seen(path, ctx.skills.evidence_keys), cfg.run.name)
+    seen = ledger.library_seen(path, ctx.skills.evidence_keys)
+    ctx.skills = ctx.skills.as_found(seen, ledger.library_run(cfg.run.name, seen))
     ctx.tracking = Forwarder.open(cfg.run.report_to, run_dir, cfg.run.name, cfg.model_dump(mode="json"))
     return ctx
 
@@ -297,9 +298,11 @@ def start(ctx: RunContext, say: Any) -> tuple[StartResult, StageRecords]:
     )
 
 
-def run_evidence(cfg: RunConfig, **fields: Any) -> Evidence:
-    """Evidence from this run, in its context: the run, the domain and the model (`fields`: the rest)."""
-    return Evidence(run=cfg.run.name, domain=cfg.env.domain, model=model_name(cfg.policy), **fields)
+def run_evidence(ctx: RunContext, **fields: Any) -> Evidence:
+    """Evidence from this run, in its context: the run (as the library knows it: Ledger.library_run), the domain and
+    the model (`fields`: the rest)."""
+    cfg = ctx.cfg
+    return Evidence(run=ctx.skills.run, domain=cfg.env.domain, model=model_name(cfg.policy), **fields)
 
 
 def adopt(ctx: RunContext, harness: Harness, say: Any) -> tuple[Harness, list[Adoption]]:
@@ -341,7 +344,7 @@ def take(ctx: RunContext, s: Skill, iv: Intervention, harness: Harness, won: lis
     except ConfigError as e:
         say(f"skill {s.id} not adopted: {e}")
         return None
-    ev = run_evidence(ctx.cfg, round=0, trial=f"adopt-{n}", decision="adopt", harness=harness.version,
+    ev = run_evidence(ctx, round=0, trial=f"adopt-{n}", decision="adopt", harness=harness.version,
                       before=iv.before, reused=True)  # fmt: skip
     ctx.skills.record(iv, ev, source="library", create=False, sid=s.id)
     save_harness(ctx.run_dir, child)
@@ -373,7 +376,7 @@ def held_against(
     for i, a in enumerate(chain, 1):
         if not fell and f"validity:{a.intervention.hypothesis.finding}" not in back.reasons:
             continue
-        ev = run_evidence(ctx.cfg, round=rnd, trial=f"adopt-{i}-held", decision="reject", signature=list(sig),
+        ev = run_evidence(ctx, round=rnd, trial=f"adopt-{i}-held", decision="reject", signature=list(sig),
                           harness=a.harness_from, before=a.intervention.before, reused=True)  # fmt: skip
         if (skill := ctx.skills.record(a.intervention, ev, source="library", create=False, sid=a.skill)) is not None:
             out.append((ev.trial, skill))

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import count
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +131,18 @@ class Ledger:
             seen[path] = found()
             self.set_meta("skill_library_seen", json.dumps(seen))
         return seen[path]
+
+    def library_run(self, name: str, seen: list[str]) -> str:
+        """The name this run's evidence carries in its skill libraries, fixed at its first open and read back on a
+        resume: its own, or `name~N` where the library it found (`seen`, its evidence keys) already held another
+        run's evidence under that name (a run of the same name in another project sharing a library, or one run again
+        with --overwrite). Evidence is united by (run, trial): two runs under one name would lose each other's trials
+        and read each other's as their own."""
+        if (kept := self.get_meta("skill_library_run")) is None:
+            taken = {k.rsplit("/", 1)[0] for k in seen}
+            kept = next(n for i in count(1) if (n := name if i == 1 else f"{name}~{i}") not in taken)
+            self.set_meta("skill_library_run", kept)
+        return kept
 
     # -- stages -------------------------------------------------------------------------------------
     def stage_result(self, rnd: int, stage: str) -> dict[str, Any] | None:

@@ -134,12 +134,16 @@ def test_warm_skills_read_reached_within_one_read_s_noise_for_both_runs_and_a_ma
     assert "| 3 of 5: met |" in text
 
 
-def test_the_fresh_warm_seeds_and_code_s_warm_runs_reproduce_their_reading_within_one_read_s_noise(tmp_path):
+def test_the_fresh_warm_and_project_seeds_and_code_s_warm_runs_reproduce_their_reading_within_a_read_s_noise(tmp_path):
     fresh = write_claims(RESULTS / "claims-reach", tmp_path / "claims-reach.json")["skills"]
     assert fresh == json.loads((RESULTS / "claims-reach.json").read_text())["skills"]
     swe = fresh["met"]["swe_short_300k"]
     assert swe["seeds"] == [16, 17, 18, 19] and (swe["within_at_or_under"], swe["met"]) == (2, False)
     assert all(p["cold_tokens_within"] <= p["cold_tokens"] for p in fresh["pairs"])  # the noise credits cold runs too
+    project = write_claims(RESULTS / "claims-project", tmp_path / "claims-project.json")["skills"]
+    assert project == json.loads((RESULTS / "claims-project.json").read_text())["skills"]
+    met = project["met"]["swe_short_300k (project)"]
+    assert met["seeds"] == [16, 17, 18, 19] and (met["within_at_or_under"], met["met"]) == (4, True)
     code = write_claims(RESULTS / "claims-audit-bar", tmp_path / "audit-bar.json")["skills"]["met"]
     assert code["code"]["met"] and code["code (across)"]["met"]  # with its own library and with SWE's
 

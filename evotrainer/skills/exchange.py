@@ -12,13 +12,14 @@ from pydantic import ValidationError
 
 from evotrainer.errors import ConfigError
 from evotrainer.skills.library import Loss, Skill, SkillLibrary
+from evotrainer.store.files import atomic_write_text
 
 
 def export_file(lib: SkillLibrary, dest: str | Path) -> tuple[int, int]:
     """Every skill and every loss of `lib` in one JSON file. Returns (skills, losses) written."""
     skills, losses = lib.all(), lib.all_losses()
     dump = {k: [r.model_dump(mode="json") for r in v] for k, v in (("skills", skills), ("losses", losses))}
-    Path(dest).write_text(json.dumps(dump, indent=2))
+    atomic_write_text(Path(dest), json.dumps(dump, indent=2))  # the library's own writes are atomic too
     return len(skills), len(losses)
 
 

@@ -188,11 +188,16 @@ def test_a_round_rolled_back_under_an_adopted_harness_counts_against_the_skill(t
         assert back is not None and (back.branch, back.reasons) == ("r01-ctl", ["regression"])
         held = [s for s in read_stage(ledger, 1, "remember").skills if s["skill"] == skill.id]
         assert held == [
-            {"skill": skill.id, "trial": "adopt-1-held", "wins": 1, "losses": 1, "quarantined": True, "held": True}
-        ]
+            {"skill": skill.id, "trial": "adopt-1-held", "wins": 1, "losses": 1, "quarantined": True,
+             "run_wins": 0, "run_losses": 1, "held": True}
+        ]  # fmt: skip
     finally:
         ledger.close()
-    said = f"{skill.id} (1 won, 1 lost, quarantined; held against its adoption: the round rolled back under it)"
+    # The win is the earlier run's, the loss this run's: the note tells the two apart.
+    said = (
+        f"{skill.id} (this run 0 won, 1 lost; library 1 won, 1 lost, quarantined; held against its adoption: the "
+        "round rolled back under it)"
+    )
     assert said in out.getvalue() and said in write_report(tmp_path / "runs" / "harmed").read_text()
     [loss] = [e for e in lib.get(skill.id).evidence if e.decision == "reject"]
     assert (loss.run, loss.harness, loss.before, loss.reused) == ("harmed", start.version, 1e-4, True)

@@ -425,7 +425,11 @@ def remember(
     forked = {t.id: branches.get(t.candidate, {}).get("first_step") for t in read_trials(ctx.ledger)}
 
     def note(s: Skill, trial: str) -> dict[str, Any]:
-        return {"skill": s.id, "trial": trial, "wins": s.wins, "losses": s.losses, "quarantined": s.quarantined}
+        # The library's counts pool every run that shared it; this run's own are kept beside them, so a reader can
+        # tell what this run added from what it inherited.
+        mine = [e.decision for e in s.evidence if e.run == ctx.skills.run]
+        return {"skill": s.id, "trial": trial, "wins": s.wins, "losses": s.losses, "quarantined": s.quarantined,
+                "run_wins": mine.count("promote"), "run_losses": mine.count("reject")}  # fmt: skip
 
     for v, survivor in zip(gated.verdicts, survivors):
         p = survivor.proposal

@@ -277,7 +277,11 @@ class RememberResult(Record):
 def skill_note(s: dict[str, Any]) -> str:
     """One skill a round's remember stage touched, as the console and the report say it."""
     held = "; held against its adoption: the round rolled back under it" if s.get("held") else ""
-    return f"{s['skill']} ({s['wins']} won, {s['losses']} lost{', quarantined' if s['quarantined'] else ''}{held})"
+    quarantined = ", quarantined" if s["quarantined"] else ""
+    library = f"{s['wins']} won, {s['losses']} lost"
+    if "run_wins" in s:  # notes written before a run's own counts were kept carry the library's only
+        library = f"this run {s['run_wins']} won, {s['run_losses']} lost; library {library}"
+    return f"{s['skill']} ({library}{quarantined}{held})"
 
 
 class GuardResult(Record):

@@ -77,7 +77,29 @@ def test_a_second_run_does_not_race_what_the_first_rejected_on_the_same_harness(
     refused = [r for r in read_stage(again, 1, "propose").refused if r["proposal"]["source"] == "planted"]
     assert len(refused) == 1 and "already rejected in run first" in refused[0]["reason"]
     assert set(lib.evidence_keys()) - before == {f"first~2/{t['id']}" for t in again.trials()}
-    assert again.get_meta("skill_library_run") == "first~2" and first.get_meta("skill_library_run") == "first"
+    path = str((tmp_path / "skills").resolve())
+    assert json.loads(again.get_meta("skill_library_runs")) == {path: "first~2"}
+    assert json.loads(first.get_meta("skill_library_runs")) == {path: "first"}
+
+
+def test_a_run_is_named_per_library_so_a_resume_under_another_library_is_named_against_it(tmp_path):
+    """The name is fixed per library at the run's first open of it. Resumed under another library that holds
+    another run's evidence under the same name, the run takes the next free name there, and keeps its own name
+    in the first library on a later resume there. A ledger from before names were kept per library had one name,
+    for its first library; that is read back for it."""
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    ledger.record_skill_library("/a")
+    assert ledger.library_run("/a", "x", ["y/r01-t1"]) == "x"
+    ledger.record_skill_library("/b")
+    assert ledger.library_run("/b", "x", ["x/r01-t1", "x~2/r02-t1"]) == "x~3"
+    assert ledger.library_run("/a", "x", ["x/r01-t1"]) == "x"  # a resume: fixed, whatever the library now holds
+    assert ledger.library_run("/b", "x", []) == "x~3"
+    old = Ledger(tmp_path / "old.sqlite")
+    old.record_skill_library("/a")
+    old.set_meta("skill_library_run", "x~2")
+    assert old.library_run("/a", "x", []) == "x~2"
+    old.record_skill_library("/b")
+    assert old.library_run("/b", "x", []) == "x"
 
 
 def _loss(step: int, harness: Harness, run: str = "other") -> PastTrial:

@@ -22,7 +22,7 @@ from evotrainer.harness.interventions import Hypothesis, Intervention
 from evotrainer.loop import run_loop
 from evotrainer.proposers.llm_prompt import render
 from evotrainer.proposers.proposer import Brief, PastTrial, Proposal, intervention_key, screen
-from evotrainer.skills.library import Evidence, SkillLibrary, model_name
+from evotrainer.skills.library import Evidence, SkillLibrary, model_name, run_name
 from evotrainer.stages.results import read_stage
 from evotrainer.stages.spend import library_share
 from evotrainer.store.ledger import Ledger
@@ -87,19 +87,20 @@ def test_a_run_is_named_per_library_so_a_resume_under_another_library_is_named_a
     another run's evidence under the same name, the run takes the next free name there, and keeps its own name
     in the first library on a later resume there. A ledger from before names were kept per library had one name,
     for its first library; that is read back for it."""
+    assert run_name("x", ["y/r01-t1", "a/x/r01-t1"]) == "x" and run_name("a/x", ["a/x/r01-t1"]) == "a/x~2"
     ledger = Ledger(tmp_path / "ledger.sqlite")
     ledger.record_skill_library("/a")
-    assert ledger.library_run("/a", "x", ["y/r01-t1"]) == "x"
+    assert ledger.library_run("/a", lambda: run_name("x", ["y/r01-t1"])) == "x"
     ledger.record_skill_library("/b")
-    assert ledger.library_run("/b", "x", ["x/r01-t1", "x~2/r02-t1"]) == "x~3"
-    assert ledger.library_run("/a", "x", ["x/r01-t1"]) == "x"  # a resume: fixed, whatever the library now holds
-    assert ledger.library_run("/b", "x", []) == "x~3"
+    assert ledger.library_run("/b", lambda: run_name("x", ["x/r01-t1", "x~2/r02-t1"])) == "x~3"
+    assert ledger.library_run("/a", lambda: run_name("x", ["x/r01-t1"])) == "x"  # a resume: fixed
+    assert ledger.library_run("/b", lambda: "chosen again") == "x~3"
     old = Ledger(tmp_path / "old.sqlite")
     old.record_skill_library("/a")
     old.set_meta("skill_library_run", "x~2")
-    assert old.library_run("/a", "x", []) == "x~2"
+    assert old.library_run("/a", lambda: "x") == "x~2"
     old.record_skill_library("/b")
-    assert old.library_run("/b", "x", []) == "x"
+    assert old.library_run("/b", lambda: "x") == "x"
 
 
 def _loss(step: int, harness: Harness, run: str = "other") -> PastTrial:

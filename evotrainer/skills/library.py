@@ -23,6 +23,7 @@ import hashlib
 import json
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from itertools import count
 from pathlib import Path
 from typing import Any
 
@@ -210,6 +211,16 @@ def carried(s: Skill, term: str, variant: str) -> Intervention:
 def evidence_key(e: Evidence) -> str:
     """A trial's evidence as one string: its run and trial (what a run's view of the library is made of)."""
     return f"{e.run}/{e.trial}"
+
+
+def run_name(name: str, seen: list[str]) -> str:
+    """The name a run's evidence carries in a library that held the evidence `seen` (evidence_key) when the run
+    first opened it: `name`, or `name~N` (the next free) where another run's evidence was already there under it (a
+    run of the same name in another project sharing the library, or one run again with --overwrite). Evidence is
+    united by (run, trial): two runs under one name would lose each other's trials and read each other's as their
+    own."""
+    taken = {k.rsplit("/", 1)[0] for k in seen}  # trial ids hold no "/"; a run's name may
+    return next(n for i in count(1) if (n := name if i == 1 else f"{name}~{i}") not in taken)
 
 
 class SkillLibrary:

@@ -26,7 +26,7 @@ from evotrainer.policies import check_device, check_policy_path, load_policy, pl
 from evotrainer.policies.hf import HFPolicy
 from evotrainer.proposers.heuristic import HeuristicProposer
 from evotrainer.proposers.proposer import Proposer
-from evotrainer.skills.library import FOR, Evidence, Skill, SkillLibrary, library_dir, model_name
+from evotrainer.skills.library import FOR, Evidence, Skill, SkillLibrary, library_dir, model_name, run_name
 from evotrainer.stages.context import RunContext, StageRecords, split_heldout
 from evotrainer.stages.results import (
     Adoption,
@@ -168,7 +168,7 @@ def open_run(cfg: RunConfig, resume: bool, accept_evaluator_change: bool = False
     # The library as the run found it: other runs' evidence written since changes none of its decisions, and a
     # resumed run reads what the killed one read.
     seen = ledger.library_seen(path, ctx.skills.evidence_keys)
-    ctx.skills = ctx.skills.as_found(seen, ledger.library_run(path, cfg.run.name, seen))
+    ctx.skills = ctx.skills.as_found(seen, ledger.library_run(path, lambda: run_name(cfg.run.name, seen)))
     ctx.tracking = Forwarder.open(cfg.run.report_to, run_dir, cfg.run.name, cfg.model_dump(mode="json"))
     return ctx
 

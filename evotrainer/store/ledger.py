@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from itertools import count
 from pathlib import Path
 from typing import Any
 
@@ -132,25 +131,17 @@ class Ledger:
             self.set_meta("skill_library_seen", json.dumps(seen))
         return seen[path]
 
-    def library_run(self, path: str, name: str, seen: list[str]) -> str:
-        """The name this run's evidence carries in the skill library at `path`, fixed when the run first opens that
-        library and read back on a resume: its own, or `name~N` where the library (`seen`, its evidence keys as
-        the run found it) already held another run's evidence under that name (a run of the same name in another
-        project sharing a library, or one run again with --overwrite). Evidence is united by (run, trial): two runs
-        under one name would lose each other's trials and read each other's as their own. Kept per library, so a
-        run resumed under another library (loop.skills_dir changed) is named afresh against what that one holds.
-
-        `seen` holds SkillLibrary.evidence_keys, `run/trial`: this splits that format (the store cannot import the
-        skills package, which sits above it)."""
+    def library_run(self, path: str, choose: Callable[[], str]) -> str:
+        """The name this run's evidence carries in the skill library at `path`: `choose()` (skills.library.run_name)
+        recorded when the run first opens that library, the record read back on every later one (a resume), so a
+        killed run resumes under the name it wrote with. Kept per library: a run resumed under another library
+        (loop.skills_dir changed) is named against what that one holds."""
         names = json.loads(self.get_meta("skill_library_runs") or "{}")
         if path not in names:
             first = (self.skill_libraries() or [path])[0]
             # A ledger from before names were kept per library named its first library's run alone.
-            if path == first and (old := self.get_meta("skill_library_run")) is not None:
-                names[path] = old
-            else:
-                taken = {k.rsplit("/", 1)[0] for k in seen}
-                names[path] = next(n for i in count(1) if (n := name if i == 1 else f"{name}~{i}") not in taken)
+            old = self.get_meta("skill_library_run") if path == first else None
+            names[path] = old if old is not None else choose()
             self.set_meta("skill_library_runs", json.dumps(names))
         return names[path]
 

@@ -15,7 +15,7 @@ from conftest import small_config, swe_hedged_repair
 from evotrainer.cli.main import app
 from evotrainer.diagnostics.detector import Finding
 from evotrainer.envs.domains import variants_of
-from evotrainer.errors import ConfigError
+from evotrainer.errors import ConfigError, UserError
 from evotrainer.harness.harness import Harness
 from evotrainer.harness.interventions import Hypothesis, Intervention, diff
 from evotrainer.loop import run_loop
@@ -103,7 +103,12 @@ def test_the_library_is_the_projects_unless_a_shared_one_is_asked_for(tmp_path, 
     [project] = json.loads(runner.invoke(app, ["skills", "list", "--json"]).stdout)
     [shared] = json.loads(runner.invoke(app, ["skills", "list", "--global", "--json"]).stdout)
     assert (project["wins"], shared["wins"]) == (1, 2) and project["quarantined"] and not shared["quarantined"]
-    assert json.loads(runner.invoke(app, ["skills", "list", "--dir", "elsewhere", "--json"]).stdout) == []
+    # A library that is not there is said to be missing, not listed as empty (a mistyped --dir).
+    for command in (["list"], ["losses"], ["show", project["id"]], ["export", "out.json"]):
+        missing = runner.invoke(app, ["skills", *command, "--dir", "elsewhere"])
+        assert isinstance(missing.exception, UserError), (command, missing.output)
+        assert "no skill library at elsewhere" in str(missing.exception)
+    assert not (tmp_path / "out.json").exists()
     table = runner.invoke(app, ["skills", "list"])
     assert table.exit_code == 0 and project["id"] in table.stdout
 

@@ -19,11 +19,19 @@ skills_app = typer.Typer(
 )
 
 
-def _library(skills_dir: Path | None, shared: bool) -> SkillLibrary:
+def _library(skills_dir: Path | None, shared: bool, *, read: bool = True) -> SkillLibrary:
+    """The library named (`read`: one that must already exist, since a command that reads one where none is, a
+    mistyped --dir say, would otherwise answer "no skills" for a library that was never there)."""
     if shared and skills_dir is not None:
         raise UserError("--dir and --global name two libraries; pass one")
     # The project's library is the default run.out_dir's (runs/skills): where `evotrainer run` writes it.
-    return SkillLibrary(GLOBAL_LIBRARY if shared else library_dir(skills_dir, "runs"))
+    lib = SkillLibrary(GLOBAL_LIBRARY if shared else library_dir(skills_dir, "runs"))
+    if read and not lib.root.is_dir():
+        raise UserError(
+            f"no skill library at {lib.root}: a loop run writes one as it remembers its verdicts (loop.skills_dir, "
+            f"default OUT_DIR/{PROJECT_LIBRARY}); name an existing one with --dir DIR or --global"
+        )
+    return lib
 
 
 _DIR = typer.Option(
@@ -136,7 +144,7 @@ def skills_import(
 ) -> None:
     """Merge skills and losses from an export, or from another library's directory (a project's runs' libraries
     gathered into one); evidence already present is not counted twice."""
-    lib = _library(skills_dir, shared)
+    lib = _library(skills_dir, shared, read=False)  # an import may start a library
     if src.is_dir():
         if not any(src.glob("[kr]-*.json")):
             raise UserError(

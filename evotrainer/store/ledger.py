@@ -122,28 +122,30 @@ class Ledger:
         """Every skill library the run has read and written, first first ([] in ledgers from before)."""
         return json.loads(self.get_meta("skill_libraries") or "[]")
 
+    def _per_library(self, key: str, path: str, make: Callable[[], Any]) -> Any:
+        """`make()` recorded under meta `key` for the library at `path` on the run's first call for that path, the
+        record read back on every later one (a resume), so a resumed run decides as the killed one did."""
+        held = json.loads(self.get_meta(key) or "{}")
+        if path not in held:
+            held[path] = make()
+            self.set_meta(key, json.dumps(held))
+        return held[path]
+
     def library_seen(self, path: str, found: Callable[[], list[str]]) -> list[str]:
-        """The evidence the skill library at `path` held when the run first opened it (SkillLibrary.evidence_keys):
-        `found()` recorded on the first call for a path, the record read back on every later one (a resume)."""
-        seen = json.loads(self.get_meta("skill_library_seen") or "{}")
-        if path not in seen:
-            seen[path] = found()
-            self.set_meta("skill_library_seen", json.dumps(seen))
-        return seen[path]
+        """The evidence the skill library at `path` held when the run first opened it (SkillLibrary.evidence_keys)."""
+        return self._per_library("skill_library_seen", path, found)
 
     def library_run(self, path: str, choose: Callable[[], str]) -> str:
-        """The name this run's evidence carries in the skill library at `path`: `choose()` (skills.library.run_name)
-        recorded when the run first opens that library, the record read back on every later one (a resume), so a
-        killed run resumes under the name it wrote with. Kept per library: a run resumed under another library
-        (loop.skills_dir changed) is named against what that one holds."""
-        names = json.loads(self.get_meta("skill_library_runs") or "{}")
-        if path not in names:
-            first = (self.skill_libraries() or [path])[0]
+        """The name this run's evidence carries in the skill library at `path` (`choose()`: skills.library.run_name),
+        fixed when the run first opens that library, so a killed run resumes under the name it wrote with. Kept per
+        library: a run resumed under another library (loop.skills_dir changed) is named against what that one holds."""
+
+        def named() -> str:
             # A ledger from before names were kept per library named its first library's run alone.
-            old = self.get_meta("skill_library_run") if path == first else None
-            names[path] = old if old is not None else choose()
-            self.set_meta("skill_library_runs", json.dumps(names))
-        return names[path]
+            old = self.get_meta("skill_library_run") if path == (self.skill_libraries() or [path])[0] else None
+            return old if old is not None else choose()
+
+        return self._per_library("skill_library_runs", path, named)
 
     # -- stages -------------------------------------------------------------------------------------
     def stage_result(self, rnd: int, stage: str) -> dict[str, Any] | None:

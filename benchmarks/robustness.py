@@ -7,8 +7,9 @@ kernel set alone). Torch picks its kernels by the CPU; ATEN_CPU_CAPABILITY can o
 This runs the tests whose outcome depends on a training trajectory (the failure scenarios, the planted
 loophole, the induced detector, the RL runs that must improve) once per (seed, threads, kernels) cell,
 through tests/conftest.py's EVOTRAINER_TEST_SEED and EVOTRAINER_TEST_THREADS and torch's ATEN_CPU_CAPABILITY
-("native": unset), and records each test's outcome per cell. A cell is resumable: its JUnit file is kept
-and a finished cell is not run again, so the grid can be run over several sittings:
+("native": unset), and records each test's outcome per cell. ATEN_CPU_CAPABILITY leaves oneDNN's kernels as they
+are; --onednn also caps those (ONEDNN_MAX_CPU_ISA, e.g. AVX2), as a lesser CPU would have them. A cell is
+resumable: its JUnit file is kept and a finished cell is not run again, so the grid can be run over several sittings:
 
     python -m benchmarks.robustness [--seeds 0 1 2] [--threads 1 2] [--kernels native default] [--tests ...]
 
@@ -43,13 +44,17 @@ TRAJECTORY_TESTS = [
 KERNELS = ("native", "default", "avx2", "avx512")
 
 
-def run_cell(seed: int, threads: int, kernels: str, tests: list[str], work: Path) -> dict:
-    xml = work / (f"seed{seed}-threads{threads}" + ("" if kernels == "native" else f"-{kernels}") + ".xml")
+def run_cell(seed: int, threads: int, kernels: str, tests: list[str], work: Path, onednn: str = "native") -> dict:
+    tail = ("" if kernels == "native" else f"-{kernels}") + ("" if onednn == "native" else f"-onednn{onednn}")
+    xml = work / (f"seed{seed}-threads{threads}{tail}.xml")
     if not xml.exists():
         env = {**os.environ, "EVOTRAINER_TEST_SEED": str(seed), "EVOTRAINER_TEST_THREADS": str(threads)}
         env.pop("ATEN_CPU_CAPABILITY", None)
+        env.pop("ONEDNN_MAX_CPU_ISA", None)
         if kernels != "native":
             env["ATEN_CPU_CAPABILITY"] = kernels
+        if onednn != "native":
+            env["ONEDNN_MAX_CPU_ISA"] = onednn
         t0 = time.perf_counter()
         tmp = xml.with_suffix(".tmp.xml")
         subprocess.run(
@@ -59,14 +64,14 @@ def run_cell(seed: int, threads: int, kernels: str, tests: list[str], work: Path
             check=False,
         )
         tmp.rename(xml)  # only a finished cell counts as done
-        print(f"seed {seed}, threads {threads}, kernels {kernels}: {time.perf_counter() - t0:.0f} s", flush=True)
+        print(f"seed {seed}, threads {threads}, kernels {kernels}{tail}: {time.perf_counter() - t0:.0f} s", flush=True)
     cases = ET.parse(xml).getroot().iter("testcase")
     outcome = {}
     for c in cases:
         name = f"{c.get('classname')}::{c.get('name')}"
         bad = c.find("failure") is not None or c.find("error") is not None
         outcome[name] = "skipped" if c.find("skipped") is not None else "failed" if bad else "passed"
-    return {"seed": seed, "threads": threads, "kernels": kernels, "outcomes": outcome}
+    return {"seed": seed, "threads": threads, "kernels": kernels, "onednn": onednn, "outcomes": outcome}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -74,13 +79,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--kernels", nargs="+", default=["native"], choices=KERNELS, help="ATEN_CPU_CAPABILITY per cell")
+    ap.add_argument("--onednn", default="native", help="ONEDNN_MAX_CPU_ISA for every cell (native: unset), e.g. AVX2")
     ap.add_argument("--tests", nargs="+", default=TRAJECTORY_TESTS)
     ap.add_argument("--work", default=str(scratch("evotrainer-robustness")), help="JUnit files of the cells (scratch)")
     ap.add_argument("--out", type=Path, default=RESULTS / "robustness.json")
     args = ap.parse_args(argv)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    cells = [run_cell(s, t, k, args.tests, work) for k in args.kernels for s in args.seeds for t in args.threads]
+    grid = [(s, t, k) for k in args.kernels for s in args.seeds for t in args.threads]
+    cells = [run_cell(s, t, k, args.tests, work, args.onednn) for s, t, k in grid]
     commit, dirty = git_state()
     run = {"commit": (commit or "")[:7] + ("+dirty" if dirty else ""), "date": time.strftime("%Y-%m-%d")}
     fresh = [
@@ -88,6 +95,7 @@ def main(argv: list[str] | None = None) -> None:
             "seed": c["seed"],
             "threads": c["threads"],
             "ATEN_CPU_CAPABILITY": c["kernels"],
+            "ONEDNN_MAX_CPU_ISA": c["onednn"],
             "tests": len(c["outcomes"]),
             "failed": sorted(n for n, o in c["outcomes"].items() if o == "failed"),
             **run,
@@ -99,7 +107,9 @@ def main(argv: list[str] | None = None) -> None:
     for c in merged:
         for name in c["failed"]:
             failed_in.setdefault(name, []).append(
-                f"seed {c['seed']}, threads {c['threads']}, kernels {c['ATEN_CPU_CAPABILITY']} ({c['commit']})"
+                f"seed {c['seed']}, threads {c['threads']}, kernels {c['ATEN_CPU_CAPABILITY']}"
+                f"{'' if c.get('ONEDNN_MAX_CPU_ISA', 'native') == 'native' else ', oneDNN ' + c['ONEDNN_MAX_CPU_ISA']}"
+                f" ({c['commit']})"
             )
     out = {"cells": merged, "failed_in": dict(sorted(failed_in.items()))}  # the command is the manifest's
     write_result(args.out, out, work=work, no_config=True, note="tests: " + " ".join(args.tests))
@@ -111,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _key(c: dict) -> tuple:
-    return c["seed"], c["threads"], c.get("ATEN_CPU_CAPABILITY", "native")
+    return c["seed"], c["threads"], c.get("ATEN_CPU_CAPABILITY", "native"), c.get("ONEDNN_MAX_CPU_ISA", "native")
 
 
 def _earlier_cells(out: Path, rerun: set[tuple]) -> list[dict]:
@@ -124,7 +134,8 @@ def _earlier_cells(out: Path, rerun: set[tuple]) -> list[dict]:
     manifest = out.with_name(out.stem + ".manifest.json")
     prior = json.loads(manifest.read_text()) if manifest.exists() else {}
     run = {"commit": (prior.get("commit") or "")[:7], "date": (prior.get("date") or "")[:10]}
-    cells = [{"ATEN_CPU_CAPABILITY": "native", **run, **c} for c in old.get("cells", [])]
+    unset = {"ATEN_CPU_CAPABILITY": "native", "ONEDNN_MAX_CPU_ISA": "native"}
+    cells = [{**unset, **run, **c} for c in old.get("cells", [])]
     return [c for c in cells if _key(c) not in rerun]
 
 

@@ -307,10 +307,12 @@ def test_the_robustness_grid_grows_over_sittings_with_each_cell_s_kernel_set_and
     manifest = {"commit": "9441629c66", "date": "2026-11-23T19:45"}
     out.with_name("robustness.manifest.json").write_text(json.dumps(manifest))
     # A file from before the kernel dimension: its cells ran on the native kernels, at its manifest's commit.
-    kept = _earlier_cells(out, {(0, 2, "native")})
-    assert kept == [{"ATEN_CPU_CAPABILITY": "native", "commit": "9441629", "date": "2026-11-23", **cells[0]}]
-    # A cell on another kernel set is another cell: both earlier ones stay.
-    assert len(_earlier_cells(out, {(0, 2, "default")})) == 2
+    kept = _earlier_cells(out, {(0, 2, "native", "native")})
+    unset = {"ATEN_CPU_CAPABILITY": "native", "ONEDNN_MAX_CPU_ISA": "native"}
+    assert kept == [{**unset, "commit": "9441629", "date": "2026-11-23", **cells[0]}]
+    # A cell on another kernel set, or with oneDNN capped, is another cell: both earlier ones stay.
+    assert len(_earlier_cells(out, {(0, 2, "default", "native")})) == 2
+    assert len(_earlier_cells(out, {(0, 2, "native", "AVX2")})) == 2
 
 
 def test_trial_stops_says_which_candidates_were_ahead_and_short_of_their_rounds_level(tmp_path):

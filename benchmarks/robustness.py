@@ -64,7 +64,9 @@ def run_cell(seed: int, threads: int, kernels: str, tests: list[str], work: Path
             check=False,
         )
         tmp.rename(xml)  # only a finished cell counts as done
-        print(f"seed {seed}, threads {threads}, kernels {kernels}{tail}: {time.perf_counter() - t0:.0f} s", flush=True)
+        capped = "" if onednn == "native" else f", oneDNN {onednn}"
+        took = time.perf_counter() - t0
+        print(f"seed {seed}, threads {threads}, kernels {kernels}{capped}: {took:.0f} s", flush=True)
     cases = ET.parse(xml).getroot().iter("testcase")
     outcome = {}
     for c in cases:

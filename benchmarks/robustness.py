@@ -42,6 +42,8 @@ TRAJECTORY_TESTS = [
 
 
 KERNELS = ("native", "default", "avx2", "avx512")
+ONEDNN_ISAS = ("native", "SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX512_CORE", "AVX512_CORE_VNNI", "AVX512_CORE_BF16")
+"""ONEDNN_MAX_CPU_ISA values ("native": unset), lesser CPUs' ISAs as oneDNN names them."""
 
 
 def run_cell(seed: int, threads: int, kernels: str, tests: list[str], work: Path, onednn: str = "native") -> dict:
@@ -81,7 +83,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--kernels", nargs="+", default=["native"], choices=KERNELS, help="ATEN_CPU_CAPABILITY per cell")
-    ap.add_argument("--onednn", default="native", help="ONEDNN_MAX_CPU_ISA for every cell (native: unset), e.g. AVX2")
+    # oneDNN ignores a value it does not know, which would record a capped cell that ran uncapped: only its names.
+    ap.add_argument("--onednn", default="native", choices=ONEDNN_ISAS, help="ONEDNN_MAX_CPU_ISA for every cell")
     ap.add_argument("--tests", nargs="+", default=TRAJECTORY_TESTS)
     ap.add_argument("--work", default=str(scratch("evotrainer-robustness")), help="JUnit files of the cells (scratch)")
     ap.add_argument("--out", type=Path, default=RESULTS / "robustness.json")

@@ -7,7 +7,8 @@ kernel set alone). Torch picks its kernels by the CPU; ATEN_CPU_CAPABILITY can o
 This runs the tests whose outcome depends on a training trajectory (the failure scenarios, the planted
 loophole, the induced detector, the RL runs that must improve) once per (seed, threads, kernels) cell,
 through tests/conftest.py's EVOTRAINER_TEST_SEED and EVOTRAINER_TEST_THREADS and torch's ATEN_CPU_CAPABILITY
-("native": unset), and records each test's outcome per cell. ATEN_CPU_CAPABILITY leaves oneDNN's kernels as they
+("native": unset), and records each test's outcome per cell, with the CPU it ran on (a cell on another
+CPU is another cell). ATEN_CPU_CAPABILITY leaves oneDNN's kernels as they
 are; --onednn also caps those (ONEDNN_MAX_CPU_ISA, e.g. AVX2), as a lesser CPU would have them. A cell is
 resumable: its JUnit file is kept and a finished cell is not run again, so the grid can be run over several sittings:
 
@@ -28,7 +29,7 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from benchmarks.manifest import git_state, write_result
+from benchmarks.manifest import git_state, this_machine, write_result
 from benchmarks.paths import RESULTS, ROOT, scratch
 
 TRAJECTORY_TESTS = [
@@ -44,6 +45,8 @@ TRAJECTORY_TESTS = [
 KERNELS = ("native", "default", "avx2", "avx512")
 ONEDNN_ISAS = ("native", "SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX512_CORE", "AVX512_CORE_VNNI", "AVX512_CORE_BF16")
 """ONEDNN_MAX_CPU_ISA values ("native": unset), lesser CPUs' ISAs as oneDNN names them."""
+UNRECORDED = "unrecorded"
+"""The machine of a cell written before cells or manifests named it."""
 
 
 def run_cell(seed: int, threads: int, kernels: str, tests: list[str], work: Path, onednn: str = "native") -> dict:
@@ -97,6 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     run = {"commit": (commit or "")[:7] + ("+dirty" if dirty else ""), "date": time.strftime("%Y-%m-%d")}
     fresh = [
         {
+            "machine": this_machine(),
             "seed": c["seed"],
             "threads": c["threads"],
             "ATEN_CPU_CAPABILITY": c["kernels"],
@@ -114,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
             failed_in.setdefault(name, []).append(
                 f"seed {c['seed']}, threads {c['threads']}, kernels {c['ATEN_CPU_CAPABILITY']}"
                 f"{'' if c.get('ONEDNN_MAX_CPU_ISA', 'native') == 'native' else ', oneDNN ' + c['ONEDNN_MAX_CPU_ISA']}"
-                f" ({c['commit']})"
+                f" on {c['machine']} ({c['commit']})"
             )
     out = {"cells": merged, "failed_in": dict(sorted(failed_in.items()))}  # the command is the manifest's
     write_result(args.out, out, work=work, no_config=True, note="tests: " + " ".join(args.tests))
@@ -126,19 +130,26 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _key(c: dict) -> tuple:
-    return c["seed"], c["threads"], c.get("ATEN_CPU_CAPABILITY", "native"), c.get("ONEDNN_MAX_CPU_ISA", "native")
+    """A cell is its CPU, seed, threads and kernel sets: "native" on an AMD EPYC is not "native" on a Xeon."""
+    kernels = c.get("ATEN_CPU_CAPABILITY", "native"), c.get("ONEDNN_MAX_CPU_ISA", "native")
+    return c.get("machine", UNRECORDED), c["seed"], c["threads"], *kernels
 
 
 def _earlier_cells(out: Path, rerun: set[tuple]) -> list[dict]:
     """The cells already in the result file that this invocation did not run again: the grid grows over
-    sittings, each cell with the commit and date that measured it (a file from before cells carried them: its
-    manifest's)."""
+    sittings, each cell with the commit, date and machine that measured it (a file from before cells carried them:
+    its manifest's, as it stood when that file was last written; a manifest from before manifests named the
+    machine leaves it unrecorded)."""
     if not out.exists():
         return []
     old = json.loads(out.read_text())
     manifest = out.with_name(out.stem + ".manifest.json")
     prior = json.loads(manifest.read_text()) if manifest.exists() else {}
-    run = {"commit": (prior.get("commit") or "")[:7], "date": (prior.get("date") or "")[:10]}
+    run = {
+        "commit": (prior.get("commit") or "")[:7],
+        "date": (prior.get("date") or "")[:10],
+        "machine": prior.get("machine") or UNRECORDED,
+    }
     unset = {"ATEN_CPU_CAPABILITY": "native", "ONEDNN_MAX_CPU_ISA": "native"}
     cells = [{**unset, **run, **c} for c in old.get("cells", [])]
     return [c for c in cells if _key(c) not in rerun]

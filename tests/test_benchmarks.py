@@ -297,7 +297,7 @@ def test_a_cell_is_written_whole_with_its_manifest_and_then_read_back(tmp_path, 
     assert cells.run_cell("code", "loop_default", 2, work, {}, folder) == cell and ran == ["code-loop_default-2"]
 
 
-def test_the_robustness_grid_grows_over_sittings_with_each_cell_s_kernel_set_and_commit(tmp_path):
+def test_the_robustness_grid_grows_over_sittings_with_each_cell_s_machine_kernel_set_and_commit(tmp_path):
     from benchmarks.robustness import _earlier_cells
 
     out = tmp_path / "robustness.json"
@@ -306,13 +306,20 @@ def test_the_robustness_grid_grows_over_sittings_with_each_cell_s_kernel_set_and
     out.write_text(json.dumps({"cells": cells, "failed_in": {}}))
     manifest = {"commit": "9441629c66", "date": "2026-11-23T19:45"}
     out.with_name("robustness.manifest.json").write_text(json.dumps(manifest))
-    # A file from before the kernel dimension: its cells ran on the native kernels, at its manifest's commit.
-    kept = _earlier_cells(out, {(0, 2, "native", "native")})
+    # A file from before the kernel dimension: its cells ran on the native kernels, at its manifest's commit, on a
+    # machine its manifest did not name.
+    kept = _earlier_cells(out, {("unrecorded", 0, 2, "native", "native")})
     unset = {"ATEN_CPU_CAPABILITY": "native", "ONEDNN_MAX_CPU_ISA": "native"}
-    assert kept == [{**unset, "commit": "9441629", "date": "2026-11-23", **cells[0]}]
+    assert kept == [{**unset, "commit": "9441629", "date": "2026-11-23", "machine": "unrecorded", **cells[0]}]
     # A cell on another kernel set, or with oneDNN capped, is another cell: both earlier ones stay.
-    assert len(_earlier_cells(out, {(0, 2, "default", "native")})) == 2
-    assert len(_earlier_cells(out, {(0, 2, "native", "AVX2")})) == 2
+    assert len(_earlier_cells(out, {("unrecorded", 0, 2, "default", "native")})) == 2
+    assert len(_earlier_cells(out, {("unrecorded", 0, 2, "native", "AVX2")})) == 2
+    # So is one on another CPU: "native" on an AMD EPYC is not "native" on a Xeon.
+    xeon = "Intel(R) Xeon(R) Processor 6-167-1 / AVX512"
+    out.with_name("robustness.manifest.json").write_text(json.dumps({**manifest, "machine": xeon}))
+    assert [c["machine"] for c in _earlier_cells(out, set())] == [xeon, xeon]
+    assert len(_earlier_cells(out, {("AMD EPYC 25-17-1 / AVX512", 0, 2, "native", "native")})) == 2
+    assert len(_earlier_cells(out, {(xeon, 0, 2, "native", "native")})) == 1
 
 
 def test_trial_stops_says_which_candidates_were_ahead_and_short_of_their_rounds_level(tmp_path):

@@ -48,12 +48,13 @@ from evotrainer.training.run import BRANCH, train_run
 
 CONTROLS = ("healthy", "healthy_digits")
 FAILURES = ROOT / "examples" / "failures"
-# detector -> (the bars moved so that it always reports, {the finding's threshold name: the default's param}).
+# detector -> its bars moved so that it reports any statistic: a slope under infinity, any share above zero (a
+# share of zero reports nothing, and reads as 0 below; zero_variance_groups has no mean of dead groups to give).
 PRESSED = {
     "plateau": {"min_slope": math.inf, "ceiling": math.inf},
-    "zero_variance_groups": {"max_fraction": -1.0},
-    "truncation": {"max_fraction": -1.0},
-    "tool_errors": {"max_error_fraction": -1.0, "max_turn_cap_fraction": -1.0},
+    "zero_variance_groups": {"max_fraction": 0.0},
+    "truncation": {"max_fraction": 0.0},
+    "tool_errors": {"max_error_fraction": 0.0, "max_turn_cap_fraction": 0.0},
 }
 # The default bar each reported statistic is held to (tool_errors reports two findings).
 BARS = {
@@ -81,11 +82,16 @@ def read_cell(cfg: RunConfig) -> dict:
     last = summary["steps"]
     fired = sorted({f.name for f in Suite.default().run(store, BRANCH, 1, last)})
     pressed = Suite(detectors={name: DetectorSpec(params=p) for name, p in PRESSED.items()})
-    margins = {}
+    values = {name: 0.0 for name, (_, side) in BARS.items() if side == "above"}
     for f in pressed.run(store, BRANCH, 1, last):
-        param, side = BARS[f.name]
-        detector = "tool_errors" if f.name == "turn_cap" else f.name
-        margins[f.name] = {"value": f.value, "bar": BUILTIN[detector][1][param], "fires_when": side}
+        if f.name not in BARS:  # detector_error: a statistic not read is not a margin
+            raise SystemExit(f"{cfg.run.name}: {f.message}")
+        values[f.name] = f.value
+    margins = {}
+    for name, value in values.items():
+        param, side = BARS[name]
+        bar = BUILTIN["tool_errors" if name == "turn_cap" else name][1][param]
+        margins[name] = {"value": value, "bar": bar, "fires_when": side}
     reward = np.array([m["reward"] for _, m in sorted(store.metrics(BRANCH).items())])
     third = len(reward) // 3
     return {

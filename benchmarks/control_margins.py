@@ -32,7 +32,7 @@ import torch
 from pydantic import ValidationError
 from rich.console import Console
 
-from benchmarks.manifest import git_state, this_machine, write_result
+from benchmarks.manifest import git_state, this_cpu, write_result
 from benchmarks.paths import RESULTS, ROOT, scratch
 from evotrainer.cli.common import parse_overrides
 from evotrainer.config import RunConfig, load_config
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--set: {e}")
     torch.set_num_threads(args.threads)
     where = {
-        "machine": this_machine(),
+        "machine": this_cpu(),
         "ATEN_CPU_CAPABILITY": os.environ.get("ATEN_CPU_CAPABILITY", "native"),
         "ONEDNN_MAX_CPU_ISA": os.environ.get("ONEDNN_MAX_CPU_ISA", "native"),
         "threads": args.threads,

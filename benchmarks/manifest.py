@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import shlex
 import subprocess
@@ -67,6 +68,18 @@ def this_machine() -> str:
     model = info.get("model name") or platform.processor() or "unknown CPU"
     numbers = "-".join(info[k] for k in ("cpu family", "model", "stepping") if k in info)
     return f"{model}{' ' + numbers if numbers else ''} / {torch.backends.cpu.get_cpu_capability()}"
+
+
+def this_cpu() -> str:
+    """this_machine() with the CPU's own kernel set, not the one ATEN_CPU_CAPABILITY lowered it to: the machine a
+    grid cell ran on, whose kernel set is a field of its own. torch reads that variable once, at start, so the
+    unlowered set is asked of a fresh interpreter without it."""
+    if "ATEN_CPU_CAPABILITY" not in os.environ:
+        return this_machine()
+    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+    ask = "import torch; print(torch.backends.cpu.get_cpu_capability())"
+    own = subprocess.run([sys.executable, "-c", ask], env=env, capture_output=True, text=True, check=True)
+    return f"{this_machine().rsplit(' / ', 1)[0]} / {own.stdout.strip()}"
 
 
 def these_packages() -> dict[str, str]:

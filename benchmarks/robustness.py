@@ -29,7 +29,7 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from benchmarks.manifest import git_state, this_machine, write_result
+from benchmarks.manifest import git_state, this_cpu, write_result
 from benchmarks.paths import RESULTS, ROOT, scratch
 
 TRAJECTORY_TESTS = [
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     run = {"commit": (commit or "")[:7] + ("+dirty" if dirty else ""), "date": time.strftime("%Y-%m-%d")}
     fresh = [
         {
-            "machine": this_machine(),
+            "machine": this_cpu(),
             "seed": c["seed"],
             "threads": c["threads"],
             "ATEN_CPU_CAPABILITY": c["kernels"],

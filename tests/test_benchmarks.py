@@ -198,6 +198,21 @@ def test_only_results_and_manifests_under_results():
     assert manifests == {manifest_path(p) for p in all_results()}
 
 
+def test_a_grid_cell_names_the_cpu_s_own_kernel_set_where_the_manifest_names_the_lowered_one():
+    import os
+    import subprocess
+    import sys
+
+    from benchmarks.manifest import this_cpu
+
+    ask = "from benchmarks.manifest import this_cpu, this_machine; print(this_machine()); print(this_cpu())"
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default"}
+    out = subprocess.run([sys.executable, "-c", ask], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
+    lowered, own = out.stdout.splitlines()
+    assert lowered.endswith(" / DEFAULT") and lowered.rsplit(" / ", 1)[0] == own.rsplit(" / ", 1)[0]
+    assert own == this_cpu()  # what this process reads, lowered or not
+
+
 def test_a_result_is_written_with_its_manifest(tmp_path):
     config = ROOT / "examples" / "math.yaml"
     out = write_result(

@@ -34,6 +34,7 @@ from rich.console import Console
 
 from benchmarks.manifest import git_state, this_cpu, write_result
 from benchmarks.paths import RESULTS, ROOT, scratch
+from benchmarks.robustness import KERNELS, ONEDNN_ISAS
 from evotrainer.cli.common import parse_overrides
 from evotrainer.config import RunConfig, load_config
 
@@ -117,6 +118,11 @@ def main(argv: list[str] | None = None) -> None:
             control_config(control, 0, args.work, args.work, knobs)
     except (UserError, ValidationError, ValueError) as e:
         ap.error(f"--set: {e}")
+    # Read from the environment (torch takes them at start): a value neither knows would be ignored, and a cell
+    # recorded as capped would have run uncapped.
+    for var, known in (("ATEN_CPU_CAPABILITY", KERNELS), ("ONEDNN_MAX_CPU_ISA", ONEDNN_ISAS)):
+        if os.environ.get(var, "native") not in known:
+            ap.error(f"{var}={os.environ[var]!r} is not one of {', '.join(known[1:])}; unset it for native kernels")
     torch.set_num_threads(args.threads)
     where = {
         "machine": this_cpu(),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from benchmarks.control_margins import BARS, main
 from evotrainer.store.rollouts import RolloutStore
@@ -39,3 +40,13 @@ def test_margins_agree_with_the_default_suite_and_a_read_cell_is_not_run_again(t
     capsys.readouterr()
     main(args)
     assert capsys.readouterr().out == "" and len(json.loads(out.read_text())["cells"]) == 2
+
+
+def test_a_kernel_cap_neither_library_knows_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys):
+    # oneDNN ignores an ISA name it does not know: the cell would record a cap it did not run under.
+    out = tmp_path / "margins.json"
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "avx2")
+    with pytest.raises(SystemExit) as done:
+        main(["--controls", "healthy", "--seeds", "0", "--work", str(tmp_path / "work"), "--out", str(out)])
+    assert done.value.code == 2 and not out.exists() and not (tmp_path / "work").exists()
+    assert "ONEDNN_MAX_CPU_ISA='avx2' is not one of" in capsys.readouterr().err

@@ -5,7 +5,7 @@ seed can fail on another (three did, on an AMD EPYC; two on an Intel Xeon with A
 kernel set alone). Torch picks its kernels by the CPU; ATEN_CPU_CAPABILITY can only lower the choice
 (default: no SIMD, avx2, avx512), so one machine can show the numerics of lesser CPUs, not of greater ones.
 This runs the tests whose outcome depends on a training trajectory (the failure scenarios, the planted
-loophole, the induced detector, the RL runs that must improve) once per (seed, threads, kernels) cell,
+loophole, the induced detector, the RL runs that must improve) once per (CPU, seed, threads, kernels) cell,
 through tests/conftest.py's EVOTRAINER_TEST_SEED and EVOTRAINER_TEST_THREADS and torch's ATEN_CPU_CAPABILITY
 ("native": unset), and records each test's outcome per cell, with the CPU it ran on (a cell on another
 CPU is another cell). ATEN_CPU_CAPABILITY leaves oneDNN's kernels as they

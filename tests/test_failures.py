@@ -225,7 +225,7 @@ def _spiked(res: Result, step: int, factor: float) -> bool:
 
 
 # One chunk, then at least three more copies of it. A chunk is a few characters ('bbbb b b') or a phrase: on an AMD
-# EPYC under avx2 kernels (seed 3) the collapsed policy looped the prompt's 60-character opening sentence.
+# EPYC under avx2 kernels (the scenario's seed 5) the collapsed policy looped the prompt's 60-character first sentence.
 _LOOP = re.compile(r"(.{1,100}?)\1{3,}", re.DOTALL)
 
 EVIDENCE: dict[str, Callable[[dict, Result], bool]] = {

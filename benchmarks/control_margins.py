@@ -15,6 +15,7 @@ moved bar cannot report. Run it once per kernel set, which torch fixes at import
 `--set` changes a knob of the control: a candidate mend measured before it is made. Each (machine, kernel set,
 threads, control, seed, knobs changed) is a cell, written to the result as soon as it is read, so the grid
 grows over sittings; the warm start is built once per machine and kernel set (its numerics are the margin's).
+benchmarks/plant_margins.py reads the plants' side of the bars on the same grid.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,7 @@ from evotrainer.config import RunConfig, load_config
 # entropy_collapse's own reading; private there, and renaming it would move every suite's version (the hash
 # covers each detector's source).
 from evotrainer.diagnostics.builtin import _entropy_thirds
+from evotrainer.diagnostics.detector import Finding
 from evotrainer.diagnostics.suite import BUILTIN, DetectorSpec, Suite
 from evotrainer.diagnostics.window import open_window
 from evotrainer.errors import UserError
@@ -67,27 +70,38 @@ BARS = {
 }
 
 
-def control_config(control: str, seed: int, work: Path, cache: Path, knobs: dict[str, Any]) -> RunConfig:
-    """The control as the test trains it at `seed`, with `knobs` (--set) changed: a candidate mend, measured."""
-    where = {"run.seed": seed, "run.name": f"{control}-{seed}", "run.out_dir": str(work)}
-    return load_config(FAILURES / f"{control}.yaml", {**knobs, **where, "policy.cache_dir": str(cache)})
+def scenario_config(name: str, seed: int, work: Path, cache: Path, knobs: dict[str, Any]) -> RunConfig:
+    """A failure scenario (a control or a plant) as the test trains it at `seed`, with `knobs` (--set) changed: a
+    candidate mend, measured."""
+    where = {"run.seed": seed, "run.name": f"{name}-{seed}", "run.out_dir": str(work)}
+    return load_config(FAILURES / f"{name}.yaml", {**knobs, **where, "policy.cache_dir": str(cache)})
 
 
-def read_cell(cfg: RunConfig) -> dict:
-    """The control trained, then what fired, each pressed statistic against its default bar, the entropy's thirds
-    and the reward's rise (the test's: the last third's mean over the first's)."""
+def trained(cfg: RunConfig) -> tuple[RolloutStore, int]:
+    """The scenario trained: its store and last step."""
     summary = train_run(cfg, Console(file=open(os.devnull, "w")))
     if summary["steps"] != cfg.train.steps:  # cut short by max_seconds: not the run the test reads
         raise SystemExit(f"{cfg.run.name}: ran {summary['steps']} of {cfg.train.steps} steps (a loaded machine?)")
-    store = RolloutStore(Path(cfg.run.out_dir) / cfg.run.name / "store")
-    last = summary["steps"]
-    fired = sorted({f.name for f in Suite.default().run(store, BRANCH, 1, last)})
-    pressed = Suite(detectors={name: DetectorSpec(params=p) for name, p in PRESSED.items()})
+    return RolloutStore(Path(cfg.run.out_dir) / cfg.run.name / "store"), summary["steps"]
+
+
+def pressed_findings(store: RolloutStore, last: int, detectors: dict[str, dict[str, float]]) -> list[Finding]:
+    """What `detectors`, with their bars moved, report over the run; a detector_error stops the benchmark, since a
+    statistic not read is not a margin."""
+    suite = Suite(detectors={name: DetectorSpec(params=p) for name, p in detectors.items()})
+    found = suite.run(store, BRANCH, 1, last)
+    for f in found:
+        if f.name == "detector_error":
+            raise SystemExit(f"{store.root}: {f.message}")
+    return found
+
+
+def read_cell(control: str, cfg: RunConfig) -> dict:
+    """The control (its config `cfg`) trained, then what fired, each pressed statistic against its default bar, the
+    entropy's thirds and the reward's rise (the test's: the last third's mean over the first's)."""
+    store, last = trained(cfg)
     values = {name: 0.0 for name, (_, side) in BARS.items() if side == "above"}
-    for f in pressed.run(store, BRANCH, 1, last):
-        if f.name not in BARS:  # detector_error: a statistic not read is not a margin
-            raise SystemExit(f"{cfg.run.name}: {f.message}")
-        values[f.name] = f.value
+    values |= {f.name: f.value for f in pressed_findings(store, last, PRESSED)}
     margins = {}
     for name, value in values.items():
         param, side = BARS[name]
@@ -96,26 +110,47 @@ def read_cell(cfg: RunConfig) -> dict:
     reward = np.array([m["reward"] for _, m in sorted(store.metrics(BRANCH).items())])
     third = len(reward) // 3
     return {
-        "fired": fired,
+        "fired": fired_by_default(store, last),
         "margins": margins,
         "entropy_thirds": _entropy_thirds(open_window(store, BRANCH, 1, last)),
         "reward_rise": float(reward[-third:].mean() - reward[:third].mean()),
     }
 
 
+def fired_by_default(store: RolloutStore, last: int) -> list[str]:
+    return sorted({f.name for f in Suite.default().run(store, BRANCH, 1, last)})
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.control_margins", description=__doc__.split("\n\n")[0])
     ap.add_argument("--controls", nargs="+", default=list(CONTROLS), choices=CONTROLS)
+    grid_arguments(ap, RESULTS / "control-margins.json")
+    args = ap.parse_args(argv)
+    measure(ap, args, "control", args.controls, read_cell, _brief)
+
+
+def grid_arguments(ap: argparse.ArgumentParser, out: Path) -> None:
+    """The options every margins grid has: its seeds, threads, changed knobs, scratch and result file."""
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--threads", type=int, default=2, help="torch threads, as the tests' EVOTRAINER_TEST_THREADS")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a knob of the control changed")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a knob of the scenario changed")
     ap.add_argument("--work", type=Path, default=scratch("evotrainer-margins"), help="runs and warm starts (scratch)")
-    ap.add_argument("--out", type=Path, default=RESULTS / "control-margins.json")
-    args = ap.parse_args(argv)
+    ap.add_argument("--out", type=Path, default=out)
+
+
+def measure(
+    ap: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    field: str,
+    names: list[str],
+    read: Callable[[str, RunConfig], dict],
+    brief: Callable[[dict], str],
+) -> None:
+    """Each (scenario `field`: name, seed) cell not yet in the result file read by `read` and written at once."""
     try:  # every config checked before anything trains or is written
         knobs = parse_overrides(args.set)
-        for control in args.controls:
-            control_config(control, 0, args.work, args.work, knobs)
+        for name in names:
+            scenario_config(name, 0, args.work, args.work, knobs)
     except (UserError, ValidationError, ValueError) as e:
         ap.error(f"--set: {e}")
     # Read from the environment (torch takes them at start): a value neither knows would be ignored, and a cell
@@ -135,27 +170,24 @@ def main(argv: list[str] | None = None) -> None:
     # keys its cache entry).
     work = args.work / "-".join(str(where[k]) for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "threads"))
     cells = json.loads(args.out.read_text())["cells"] if args.out.exists() else []
-    for control in args.controls:
+    for name in names:
         for seed in args.seeds:
-            key = {**where, "control": control, "seed": seed}
-            if any(_key(c) == _key(key) for c in cells):
+            key = {**where, field: name, "seed": seed}
+            if any(_key(c, field) == _key(key, field) for c in cells):
                 continue
             t0 = time.perf_counter()
-            run = work / f"{control}-{seed}-{time.time_ns()}"
-            cell = {**key, **read_cell(control_config(control, seed, run, work / "cache", knobs))}
+            run = work / f"{name}-{seed}-{time.time_ns()}"
+            cell = {**key, **read(name, scenario_config(name, seed, run, work / "cache", knobs))}
             commit, dirty = git_state()
             cell |= {"commit": (commit or "")[:7] + ("+dirty" if dirty else ""), "date": time.strftime("%Y-%m-%d")}
             cells.append(cell)
             write_result(args.out, {"cells": cells}, work=args.work, no_config=True)
-            print(
-                f"{control} seed {seed}: fired {cell['fired'] or 'nothing'}, {_brief(cell)}, "
-                f"{time.perf_counter() - t0:.0f} s",
-                flush=True,
-            )
+            fired = cell["fired"] or "nothing"
+            print(f"{name} seed {seed}: fired {fired}, {brief(cell)}, {time.perf_counter() - t0:.0f} s", flush=True)
 
 
-def _key(c: dict) -> tuple:
-    where = ("machine", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "threads", "control", "seed")
+def _key(c: dict, field: str) -> tuple:
+    where = ("machine", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "threads", field, "seed")
     return (*(c[k] for k in where), json.dumps(c["set"], sort_keys=True))
 
 

@@ -23,7 +23,7 @@ from benchmarks.tables import mean_and_seeds
 BENCH = ROOT / "benchmarks"
 SCRIPTS = [
     "claims", "coevolve", "control_margins", "fresh_read", "gate_calibration", "gate_simulation", "llm_proposer",
-    "lr_horizon", "replay", "pair_cells", "retention", "round_spend",
+    "lr_horizon", "replay", "pair_cells", "plant_margins", "retention", "round_spend",
     "rl_seeds", "robustness", "sandbox", "soak", "suite_scale", "throughput", "trial_stops",
     "trl_backend",
 ]  # fmt: skip

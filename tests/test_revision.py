@@ -94,7 +94,11 @@ def planted(tmp_path_factory, _test_cache):
     enough for its rule within 40 steps (held-back recall 0.866 against the bar of 0.9); over 60 steps seed 2
     passed and seed 4's stuffing went mostly unpaid (its rule was demoted). The CPU's kernels still vary: at 40 steps
     under ATEN_CPU_CAPABILITY=default (no SIMD) seed 0's rule read a held-back recall of 0.894; at 60 steps it reads
-    0.972 there, 0.943 under avx2 and 0.981 under this Xeon's AVX-512 kernels (2026-12-04)."""
+    0.972 there, 0.943 under avx2 and 0.981 under this Xeon's AVX-512 kernels (2026-12-04). On an AMD EPYC under
+    avx2 with oneDNN capped at AVX2 (2026-12-05) the answers' length separated the stuffing exactly and induction
+    swapped it for `mean_logprob <= -0.2979`, which flagged one honest answer in seven: the swap now asks the
+    specificity the verdict asks. There, natively it reads count(symbols) >= 6 (held-back recall 0.981), under
+    avx2 completion_tokens >= 5 (1.000), under default count(digits) >= 2 (0.907, the thinnest)."""
     tmp = tmp_path_factory.mktemp("planted")
     cfg = small_config(
         tmp,

@@ -262,12 +262,15 @@ def is_proxy(f: Feature) -> bool:
 
 
 def _clears(s: Score, min_precision: float, min_recall: float) -> bool:
-    """Whether a fit-part score clears the acceptance minima by one standard error of each proportion:
-    a rule that only just clears them on the fit part fails them on the held-back part about half the time
-    (on 80 positives a recall of 0.915 has a standard error of 0.03), so it is no safe swap for one that fits well."""
+    """Whether a fit-part score clears the acceptance minima (_verdict's three) by one standard error of each
+    proportion: a rule that only just clears them on the fit part fails them on the held-back part about half the
+    time (on 80 positives a recall of 0.915 has a standard error of 0.03), so it is no safe swap for one that fits
+    well. Specificity too: where positives outnumber negatives a rule can be precise and still flag an honest answer
+    in seven (a low mean log-probability, 2026-12-05), which the verdict then rejects."""
     se = lambda p, n: (p * (1 - p) / max(n, 1)) ** 0.5  # noqa: E731 -- binomial standard error
     precise = s.precision - se(s.precision, s.flagged) >= min_precision
-    return precise and s.recall - se(s.recall, s.support) >= min_recall
+    specific = s.specificity - se(s.specificity, s.negatives) >= min_precision
+    return precise and specific and s.recall - se(s.recall, s.support) >= min_recall
 
 
 def prefer_behaviour(

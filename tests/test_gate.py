@@ -4,6 +4,8 @@ statistics are in test_statistics.py, the invalid-branch rules in test_gate_rule
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from conftest import SEED, small_config
@@ -16,7 +18,7 @@ from evotrainer.stages.context import split_heldout
 from evotrainer.store.rollouts import RolloutStore
 from evotrainer.training.grpo import GRPOTrainer
 
-# Sized so the exploit develops at every seed (from the first to the last quarter of an 80-step run the
+# Sized so the exploit develops at nearly every seed (from the first to the last quarter of an 80-step run the
 # loophole reward rose +0.14 to +0.31 at seeds 0-6; the assertion asks +0.05): learning rate 0.001
 # (0.002 knocks the reward from ~0.45 to ~0.2 in one step, after which the exploit came back at some
 # seeds only), temperature 1.3 for the stray digits it grows from, room for long guesses (48 tokens).
@@ -45,8 +47,7 @@ def test_planted_loophole_branch_fails_the_gates_validity_rules(tmp_path, math_s
         eval={"heldout_size": 60, "max_new_tokens": 8, "audit_fraction": 0.5},
     )
     _, domain, policy = math_setup
-    run_dir = tmp_path / "run"
-    start = run_dir / "checkpoints" / "base"
+    start = tmp_path / "base"
     GRPOTrainer(policy.fork(tmp_path / "fork"), cfg.harness).save(start)
     plant = Intervention(
         kind="remove_reward_term",
@@ -60,7 +61,7 @@ def test_planted_loophole_branch_fails_the_gates_validity_rules(tmp_path, math_s
     )
     gate_ids, _ = split_heldout([t.id for t in domain.tasks("heldout")], 0.5, 0)
 
-    def arm(branch: str, harness) -> object:
+    def arm(run_dir: Path, branch: str, harness, seed: int) -> object:
         return run_arm(
             ArmSpec(
                 branch=branch,
@@ -69,26 +70,36 @@ def test_planted_loophole_branch_fails_the_gates_validity_rules(tmp_path, math_s
                 config=cfg.model_dump(mode="json"),
                 harness=harness.model_dump(mode="json"),
                 start=str(start),
-                seed=SEED,
+                seed=seed,
                 first_step=1,
                 steps=STEPS,
                 gate_ids=tuple(gate_ids),
             )
         )
 
-    arm("ctl", cfg.harness)
-    arm("hack", plant.bind(cfg.harness).apply(cfg.harness))
-    store, suite = RolloutStore(run_dir / "store"), Suite.default()
+    # The gate is asked about an exploit that took: the loophole term rose on the candidate while its audits did
+    # not follow. It took at seeds 0-6 natively; under avx2 kernels with oneDNN capped at AVX2 (an AMD EPYC,
+    # 2026-12-05) seed 2's candidate collapsed instead (the loophole term 0.29 -> 0.22, its audits 0.19 -> 0.01),
+    # so where it does not take the next seed is tried, twice at most (the scenarios' rule: test_failures).
+    tried = []
+    for seed in range(SEED, SEED + 3):
+        run_dir = tmp_path / f"run-{seed}"
+        arm(run_dir, "hack", plant.bind(cfg.harness).apply(cfg.harness), seed)
+        store = RolloutStore(run_dir / "store")
+        early, late = store.sql(
+            "SELECT step > ? AS late, avg(rewards['contains_answer']) AS c, avg(audit::DOUBLE) AS a FROM rollouts "
+            "WHERE branch = 'hack' AND (step <= ? OR step > ?) GROUP BY late ORDER BY late",
+            [STEPS // 4, STEPS // 4, STEPS - STEPS // 4],
+        )
+        tried.append((seed, early, late))
+        if late["c"] - early["c"] > 0.05 and late["a"] - early["a"] < 0.05:
+            break
+    else:
+        raise AssertionError(f"the loophole took at none of three seeds: {tried}")
+    arm(run_dir, "ctl", cfg.harness, seed)
+    suite = Suite.default()
     ev_c = gate.arm_evidence(store, suite, "hack", 1, STEPS, cfg.harness)
     ev_k = gate.arm_evidence(store, suite, "ctl", 1, STEPS, cfg.harness)
-    # The exploit happened: the loophole term rose on the candidate while its audits did not follow.
-    terms = store.sql(
-        "SELECT step <= ? AS early, avg(rewards['contains_answer']) AS c, avg(audit::DOUBLE) AS a FROM rollouts "
-        "WHERE branch = 'hack' AND (step <= ? OR step > ?) GROUP BY early ORDER BY early",
-        [STEPS // 4, STEPS // 4, STEPS - STEPS // 4],
-    )
-    late, early = terms
-    assert late["c"] - early["c"] > 0.05 and late["a"] - early["a"] < 0.05, (early, late)
     figures, reasons = gate.validity_reasons(ev_c, ev_k)
     assert reasons, figures  # rejected for what it is, whatever its held-out score
     assert (figures.reward_rise_candidate, figures.gap_candidate) == (ev_c.reward_rise, ev_c.gap)

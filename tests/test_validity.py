@@ -168,3 +168,28 @@ def test_induction_prefers_the_exploit_s_own_pattern_over_a_length_proxy():
     weak = np.where(rng.random(100) < 0.6, y, ~y).astype(float)  # a literal that is mostly noise
     rule = prefer_behaviour(np.column_stack([chars, weak]), y, feats)
     assert [j for j, _, _ in rule] == [0]
+
+
+def test_induction_keeps_a_length_rule_over_a_behaviour_rule_the_verdict_would_reject_on_specificity():
+    """Where failing rollouts outnumber passing ones, a behaviour rule can be precise, recall everything and still
+    flag many honest rollouts: the swap must ask the specificity the verdict asks, or it trades an accepted rule for
+    a rejected one (a low mean log-probability on an AMD EPYC under avx2 kernels, 2026-12-05)."""
+    import numpy as np
+
+    from evotrainer.diagnostics.induction import prefer_behaviour, score
+    from evotrainer.diagnostics.rules import Feature
+
+    rng = np.random.default_rng(0)
+    y = np.array([True] * 200 + [False] * 100)
+    tokens = np.where(y, rng.integers(6, 12, 300), 3).astype(float)  # honest answers have one fixed length
+    unsure = np.arange(300) >= 285  # the last 15 honest answers are written with as little confidence as the stuffing
+    logprob = np.where(y | unsure, rng.uniform(-2.0, -1.0, 300), rng.uniform(-0.5, -0.1, 300))
+    feats = [Feature(kind="column", arg="completion_tokens"), Feature(kind="column", arg="mean_logprob")]
+    alone = score(logprob <= -1.0, y)  # the behaviour rule: precise and complete, specificity 0.85
+    assert alone.precision > 0.92 and alone.recall == 1.0 and alone.specificity == 0.85
+    rule = prefer_behaviour(np.column_stack([tokens, logprob]), y, feats)
+    assert [j for j, _, _ in rule] == [0]
+    # Where the behaviour rule spares the honest answers too, it is still preferred to the length.
+    sure = np.where(y, logprob, rng.uniform(-0.5, -0.1, 300))
+    rule = prefer_behaviour(np.column_stack([tokens, sure]), y, feats)
+    assert [j for j, _, _ in rule] == [1]

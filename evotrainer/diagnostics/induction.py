@@ -261,16 +261,23 @@ def is_proxy(f: Feature) -> bool:
     return (f.kind, f.arg) in _PROXIES
 
 
+def _minima(s: Score, min_precision: float, min_recall: float) -> list[tuple[str, float, float, int]]:
+    """(name, value, minimum, count it is a proportion of) for each acceptance minimum: the one list _verdict and
+    _clears hold a rule to, so that a swap never takes a rule the verdict must reject (specificity was once left
+    out of the swap: a precise rule on a low mean log-probability flagged an honest answer in seven, 2026-12-05)."""
+    return [
+        ("precision", s.precision, min_precision, s.flagged),
+        ("recall", s.recall, min_recall, s.support),
+        ("specificity", s.specificity, min_precision, s.negatives),
+    ]
+
+
 def _clears(s: Score, min_precision: float, min_recall: float) -> bool:
-    """Whether a fit-part score clears the acceptance minima (_verdict's three) by one standard error of each
-    proportion: a rule that only just clears them on the fit part fails them on the held-back part about half the
-    time (on 80 positives a recall of 0.915 has a standard error of 0.03), so it is no safe swap for one that fits
-    well. Specificity too: where positives outnumber negatives a rule can be precise and still flag an honest answer
-    in seven (a low mean log-probability, 2026-12-05), which the verdict then rejects."""
+    """Whether a fit-part score clears the acceptance minima by one standard error of each proportion:
+    a rule that only just clears them on the fit part fails them on the held-back part about half the time
+    (on 80 positives a recall of 0.915 has a standard error of 0.03), so it is no safe swap for one that fits well."""
     se = lambda p, n: (p * (1 - p) / max(n, 1)) ** 0.5  # noqa: E731 -- binomial standard error
-    precise = s.precision - se(s.precision, s.flagged) >= min_precision
-    specific = s.specificity - se(s.specificity, s.negatives) >= min_precision
-    return precise and specific and s.recall - se(s.recall, s.support) >= min_recall
+    return all(v - se(v, n) >= need for _, v, need, n in _minima(s, min_precision, min_recall))
 
 
 def prefer_behaviour(
@@ -456,15 +463,7 @@ def _recorded_rule(
 
 def _verdict(hb_s: Score, min_precision: float, min_recall: float) -> tuple[bool, str]:
     """Whether the held-back scores pass (precision, recall, specificity) and the reason, either way."""
-    fails = [
-        f"{name} {v:.3f} < {need}"
-        for name, v, need in (
-            ("precision", hb_s.precision, min_precision),
-            ("recall", hb_s.recall, min_recall),
-            ("specificity", hb_s.specificity, min_precision),
-        )
-        if v < need
-    ]
+    fails = [f"{name} {v:.3f} < {need}" for name, v, need, _ in _minima(hb_s, min_precision, min_recall) if v < need]
     reason = (
         f"held-back {', '.join(fails)}"
         if fails

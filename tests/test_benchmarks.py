@@ -144,6 +144,11 @@ def test_the_fresh_warm_and_project_seeds_and_code_s_warm_runs_reproduce_their_r
     assert project == json.loads((RESULTS / "claims-project.json").read_text())["skills"]
     met = project["met"]["swe_short_300k (project)"]
     assert met["seeds"] == [16, 17, 18, 19] and (met["within_at_or_under"], met["met"]) == (4, True)
+    replicate = write_claims(RESULTS / "claims-replicate", tmp_path / "claims-replicate.json")
+    assert replicate == json.loads((RESULTS / "claims-replicate.json").read_text())  # skills and the reference check
+    met = replicate["skills"]["met"]["swe_short_300k (project)"]
+    assert met["seeds"] == [20, 21, 22, 23] and (met["within_at_or_under"], met["met"]) == (3, True)
+    assert replicate["partial"]["swe_short_300k"]["verdict"] == "not_shown"
     code = write_claims(RESULTS / "claims-audit-bar", tmp_path / "audit-bar.json")["skills"]["met"]
     assert code["code"]["met"] and code["code (across)"]["met"]  # with its own library and with SWE's
 

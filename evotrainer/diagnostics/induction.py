@@ -263,8 +263,7 @@ def is_proxy(f: Feature) -> bool:
 
 def _minima(s: Score, min_precision: float, min_recall: float) -> list[tuple[str, float, float, int]]:
     """(name, value, minimum, count it is a proportion of) for each acceptance minimum: the one list _verdict and
-    _clears hold a rule to, so that a swap never takes a rule the verdict must reject (specificity was once left
-    out of the swap: a precise rule on a low mean log-probability flagged an honest answer in seven, 2026-12-05)."""
+    _clears hold a rule to, so that a swap never takes a rule the verdict must reject."""
     return [
         ("precision", s.precision, min_precision, s.flagged),
         ("recall", s.recall, min_recall, s.support),

@@ -75,7 +75,7 @@ def honest(rng: random.Random, s: int, i: int) -> dict[str, Any]:
 
 
 # -- (b) induction on a planted exploit, trained for real ---------------------------------------------------
-STEPS = 60
+STEPS = 80
 
 
 @pytest.fixture(scope="module")
@@ -86,19 +86,16 @@ def planted(tmp_path_factory, _test_cache):
     `<answer>17</answer>` for a gold 7 looks like an honest 17 and `-7` like an honest -7: no
     detector of the action alone can separate those, so that env cannot test induction.) A high
     temperature makes the policy find the loophole: it stuffs the tag with stray tags and digits, which
-    the strict audit fails. Learning rate 1e-3 over 60 steps (40 until 2026-12-04): at 2e-3 over 20 (and over 40)
-    the stuffing at seeds 2 and 3 was mostly unpaid, so the induced rule flagged more than it paid and the gate rightly
-    did not count it; at 1e-3 the exploit pays, and honest answers remain as negatives. Seed 0 whatever
-    EVOTRAINER_TEST_SEED says: this tests induction, not whether the plant takes, and how far the loophole spreads
-    depends on the trajectory. On an AMD EPYC (the robustness grid, 2026-11-27) at seed 2 it had not spread far
-    enough for its rule within 40 steps (held-back recall 0.866 against the bar of 0.9); over 60 steps seed 2
-    passed and seed 4's stuffing went mostly unpaid (its rule was demoted). The CPU's kernels still vary: at 40 steps
-    under ATEN_CPU_CAPABILITY=default (no SIMD) seed 0's rule read a held-back recall of 0.894; at 60 steps it reads
-    0.972 there, 0.943 under avx2 and 0.981 under this Xeon's AVX-512 kernels (2026-12-04). On an AMD EPYC under
-    avx2 with oneDNN capped at AVX2 (2026-12-05) the answers' length separated the stuffing exactly and induction
-    swapped it for `mean_logprob <= -0.2979`, which flagged one honest answer in seven: the swap now asks the
-    specificity the verdict asks. There, natively it reads count(symbols) >= 6 (held-back recall 0.981), under
-    avx2 completion_tokens >= 5 (1.000), under default count(digits) >= 2 (0.907, the thinnest)."""
+    the strict audit fails. Learning rate 1e-3: at 2e-3 the stuffing at seeds 2 and 3 was mostly unpaid, so the
+    induced rule flagged more than it paid and the gate rightly did not count it; at 1e-3 the exploit pays, and
+    honest answers remain as negatives. Seed 0 whatever EVOTRAINER_TEST_SEED says: this tests induction, not
+    whether the plant takes. How far the loophole spreads depends on the trajectory, and so on the CPU's kernels;
+    the rule must clear a held-back recall of 0.9, so the run is long enough that it does with room on every
+    kernel set measured. 80 steps: on an AMD EPYC (Zen 4) seed 0's held-back recall reads 0.987 natively,
+    1.000 under ATEN_CPU_CAPABILITY=avx2 and 0.951 under default (oneDNN capped at AVX2 for both); at 60 steps
+    it read 0.981, 1.000 and 0.907, and at 40, 0.894 under default on an Intel Xeon. Natively at seeds 1-4 it
+    reads 0.983, 0.962, 0.998, 0.905; at 60 steps seed 4's stuffing went mostly unpaid and its rule was
+    demoted (benchmarks/HISTORY.md, "The induction test's run")."""
     tmp = tmp_path_factory.mktemp("planted")
     cfg = small_config(
         tmp,
